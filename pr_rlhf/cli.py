@@ -1,0 +1,180 @@
+"""`pr-rlhf`: the command line. Imports only typer, rich, pydantic and yaml at start-up (no torch, no Ray),
+so `--help` and recipe validation answer fast; heavy modules load inside the command that needs them."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pr_rlhf.config import DataConfig, Recipe, RecipeError, SourceName, dump_recipe, load_recipe
+
+app = typer.Typer(help="pr_rlhf: Ray-distributed RLHF for personalized reward models.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+data_app = typer.Typer(help="Build and inspect Arrow shards of profiles, rubrics and preference pairs.",
+                       no_args_is_help=True)
+app.add_typer(data_app, name="data")
+console = Console()
+err_console = Console(stderr=True)
+
+OverridesOpt = typer.Option(None, "--set", "-s", help="override a recipe field: a.b.c=value (repeatable)")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _recipe(path: Optional[Path], overrides: Optional[List[str]]) -> Recipe:
+    try:
+        return load_recipe(path, overrides or [])
+    except RecipeError as exc:
+        _fail(str(exc))
+        raise  # unreachable: keeps type checkers quiet
+
+
+@app.command()
+def check(recipe: Path = typer.Argument(..., help="recipe YAML"), overrides: Optional[List[str]] = OverridesOpt,
+          show: bool = typer.Option(False, help="print the fully resolved recipe")) -> None:
+    """Validate a recipe (and overrides) without running anything."""
+    resolved = _recipe(recipe, overrides)
+    if show:
+        console.print(dump_recipe(resolved), highlight=False)
+    console.print(f"[green]ok[/] {recipe}")
+
+
+@data_app.command("build")
+def data_build(
+    source: Optional[SourceName] = typer.Option(None, help="synthetic | prb | lamp_qa | personal_rewardbench"),
+    input: Optional[str] = typer.Option(None, "--input", "-i", help="local directory, or an HF dataset name"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="output shard directory"),
+    embedder: Optional[str] = typer.Option(None, help="minilm (shipped) | bm25 | local encoder path"),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="profile items retrieved per query"),
+    skip_invalid: bool = typer.Option(False, "--skip-invalid", help="skip, count and report invalid records"),
+    recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="recipe YAML (data: and world: sections)"),
+    overrides: Optional[List[str]] = OverridesOpt,
+) -> None:
+    """Load a source, validate every record, retrieve top-k profile items, write Arrow shards + manifest."""
+    cli_overrides = list(overrides or [])
+    for key, value in (("data.source", source), ("data.input", input), ("data.out", out),
+                       ("data.retrieval.embedder", embedder), ("data.retrieval.top_k", top_k)):
+        if value is not None:
+            cli_overrides.append(f"{key}={json.dumps(str(value)) if isinstance(value, (str, Path)) else value}")
+    if skip_invalid:
+        cli_overrides.append("data.skip_invalid=true")
+    resolved = _recipe(recipe, cli_overrides)
+    report = run_data_build(resolved.data, resolved)
+    print_build_report(report)
+
+
+def run_data_build(data: DataConfig, recipe: Recipe):
+    """Shared by `data build` and `quickstart`: builds the shards with a status line per stage."""
+    from pr_rlhf.records import InvalidRecordError
+    from data_pipelines.build import build_shards
+
+    with console.status("starting") as status:
+        try:
+            return build_shards(data, recipe.world, progress=True, on_stage=lambda s: status.update(s))
+        except InvalidRecordError as exc:
+            _fail(f"{exc}\n(use --skip-invalid to skip invalid records, count them and keep going)")
+        except (ValueError, FileNotFoundError) as exc:
+            _fail(str(exc))
+
+
+def print_build_report(report) -> None:
+    console.print(f"[green]wrote[/] {report.out_dir} ({report.records} records, "
+                  + ", ".join(f"{k} {v:.1f}s" for k, v in report.seconds.items()) + ")")
+    if report.skipped or report.issues:
+        console.print(f"[yellow]skipped {report.skipped} invalid records[/] ({len(report.issues)} issues, "
+                      f"listed in {report.out_dir / 'issues.jsonl'}):")
+        for issue in report.issues[:10]:
+            console.print(f"  {issue}", highlight=False, soft_wrap=True)
+        if len(report.issues) > 10:
+            console.print(f"  ... and {len(report.issues) - 10} more")
+    print_manifest_summary(report.manifest)
+
+
+def print_manifest_summary(manifest: dict) -> None:
+    table = Table(title=f"shards: source={manifest['source']} schema={manifest['schema_version']}")
+    table.add_column("table")
+    table.add_column("split")
+    table.add_column("subset")
+    table.add_column("rows", justify="right")
+    for name, splits in manifest["counts"].items():
+        for split, subsets in splits.items():
+            for subset, n in subsets.items():
+                table.add_row(name, split, subset or "-", str(n))
+    console.print(table)
+    files = manifest["files"]
+    console.print(f"{len(files)} shard files, {sum(f['bytes'] for f in files) / 1e6:.2f} MB "
+                  f"({manifest['shard_config']['compression']})")
+    summary = manifest.get("summary") or {}
+    refs = summary.get("reference_accuracy")
+    if refs:
+        ref_table = Table(title=f"reference accuracies on held-out pairs (history of {summary.get('history_pairs', '?')} pairs)")
+        ref_table.add_column("predictor")
+        ref_table.add_column("accuracy", justify="right")
+        ref_table.add_column("95% CI", justify="right")
+        for name, val in refs.items():
+            if isinstance(val, dict):
+                ref_table.add_row(name, f"{100 * val['mean']:.1f}%",
+                                  f"[{100 * val['low']:.1f}, {100 * val['high']:.1f}]")
+            else:
+                ref_table.add_row(name, f"{100 * float(val):.1f}%", "")
+        console.print(ref_table)
+
+
+@data_app.command("inspect")
+def data_inspect(directory: Path = typer.Argument(..., help="shard directory"),
+                 verify: bool = typer.Option(True, help="check content hashes"),
+                 show: int = typer.Option(1, help="print this many example records per table")) -> None:
+    """Summarize a shard directory: counts per table/split/subset, files, hashes, example records."""
+    from pr_rlhf.shards import ShardError, ShardReader
+
+    try:
+        reader = ShardReader(directory, verify=verify)
+    except ShardError as exc:
+        _fail(str(exc))
+    print_manifest_summary(reader.manifest)
+    if verify:
+        console.print("[green]content hashes match the manifest[/]")
+    for table_name in reader.manifest["counts"]:
+        for i, row in enumerate(reader.iter_rows(table_name)):
+            if i >= show:
+                break
+            console.print(f"[bold]{table_name}[/] example:", _abbreviate(row), highlight=False, soft_wrap=True)
+
+
+def _abbreviate(value, limit: int = 120):
+    if isinstance(value, str):
+        return value if len(value) <= limit else value[:limit] + "..."
+    if isinstance(value, list):
+        return [_abbreviate(v, limit) for v in value[:3]] + (["..."] if len(value) > 3 else [])
+    if isinstance(value, dict):
+        return {k: _abbreviate(v, limit) for k, v in value.items()}
+    return value
+
+
+@app.command()
+def quickstart(out: Path = typer.Option(Path("runs/quickstart"), "--out", "-o", help="run directory"),
+               recipe: Path = typer.Option(Path("recipes/quickstart.yaml"), "--recipe", "-r"),
+               overrides: Optional[List[str]] = OverridesOpt) -> None:
+    """The main job on the embedded default: build the synthetic persona world's shards and summarize them."""
+    resolved = _recipe(recipe if recipe.exists() else None, list(overrides or []) + [f"data.out={out / 'data'}"])
+    console.rule(f"[bold]pr-rlhf quickstart[/] -> {out}")
+    report = run_data_build(resolved.data, resolved)
+    print_build_report(report)
+    (out / "recipe.yaml").write_text(dump_recipe(resolved))
+    console.print(f"[green]done[/] shards in {report.out_dir}; inspect with `pr-rlhf data inspect {report.out_dir}`")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

