@@ -205,6 +205,9 @@ class SourceOutput:
 # Raw-field validation helpers shared by all loaders.
 # --------------------------------------------------------------------------------------------------------------
 
+_UNSET: Any = object()  # "read the top-level field", distinct from a nested value that is None
+
+
 class FieldChecker:
     """Collects issues while reading fields of one raw record; loaders read through it, never index raw dicts.
 
@@ -229,14 +232,18 @@ class FieldChecker:
             return False, None
         return True, self.raw[name]
 
-    def text(self, name: str, required: bool = True, allow_empty: bool = False, value: Any = None,
+    def text(self, name: str, required: bool = True, allow_empty: bool = False, value: Any = _UNSET,
              path: str | None = None) -> str:
         """A non-empty string field. ``value``/``path`` check a nested value already extracted by the caller."""
         label = path or name
-        if value is None:
+        if value is _UNSET:
             present, value = self._get(name, required)
             if not present:
                 return ""
+        elif value is None:
+            if required:
+                self.fail(label, "missing_field", "required field is missing or null")
+            return ""
         if not isinstance(value, str):
             self.fail(label, "wrong_type", f"expected a string, got {type(value).__name__}")
             return ""
@@ -296,12 +303,16 @@ class FieldChecker:
             self.fail(name, "empty_text", "list is empty")
         return list(value)
 
-    def mapping(self, name: str, required: bool = True, value: Any = None, path: str | None = None) -> dict:
+    def mapping(self, name: str, required: bool = True, value: Any = _UNSET, path: str | None = None) -> dict:
         label = path or name
-        if value is None:
+        if value is _UNSET:
             present, value = self._get(name, required)
             if not present:
                 return {}
+        elif value is None:
+            if required:
+                self.fail(label, "missing_field", "required field is missing or null")
+            return {}
         if not isinstance(value, dict):
             self.fail(label, "wrong_type", f"expected an object, got {type(value).__name__}")
             return {}
@@ -321,7 +332,10 @@ class FieldChecker:
 
 
 class DuplicateTracker:
-    """Flags a record id seen twice in one table (the first occurrence is kept, the repeat is the issue)."""
+    """Flags a record id seen twice in one table (the first occurrence is kept, the repeat is the issue).
+
+    Call it only for records that are otherwise valid: an invalid record must not claim an id that a later
+    valid record then loses."""
 
     def __init__(self) -> None:
         self._seen: dict[str, str] = {}

@@ -1,0 +1,153 @@
+"""Reference accuracies on the world's held-out pairs: what a predictor with a given amount of knowledge reaches.
+
+For each held-out pair of a user, given the user's first ``h`` history (train) pairs:
+
+- ``oracle``: Bayes-optimal under the world's own prior. Prior samples of user weights (the archetype mixture
+  plus user noise, stratified: the same number of samples per archetype) are weighted by the history's
+  likelihood P(chosen | w) = Phi(w.(x_c - x_r) / (utility_noise * sqrt 2)); the prediction is the posterior-mean
+  preference probability. With user_noise = 0 this equals exact enumeration over archetypes.
+- ``logistic_regression``: a per-user logistic regression on the history pairs (symmetric augmentation, no
+  intercept, small L2), the simplest learner that sees only this user's data.
+- ``no_history``: the prior alone (the population's preference).
+- ``true_weights``: the sign of w_user.(x_a - x_b), the ceiling set by the utility noise.
+
+A prediction scores 1 when it picks the chosen answer, 0 when it picks the rejected one and 0.5 on an exact tie
+(the expected score of a coin flip; a per-user LR ties on pairs that differ only in attributes its history never
+varied). Each accuracy comes with a 95% percentile-bootstrap CI over pairs.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import numpy as np
+from scipy.special import log_ndtr, ndtr
+
+from pr_rlhf.world.generator import World, stream
+
+REFERENCES = ("oracle", "logistic_regression", "no_history", "true_weights")
+UserGroup = Literal["seen", "cold_start", "all"]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    accuracy: float
+    ci_low: float
+    ci_high: float
+    n: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def bootstrap_ci(scores: np.ndarray, rng: np.random.Generator, n_boot: int = 2000,
+                 level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean of per-item scores."""
+    scores = np.asarray(scores, dtype=np.float64)
+    if len(scores) == 0:
+        return float("nan"), float("nan")
+    means = scores[rng.integers(len(scores), size=(n_boot, len(scores)))].mean(axis=1)
+    alpha = (1 - level) / 2
+    return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
+
+
+class WorldPrior:
+    """Monte Carlo samples of user weights from the world's prior, and the posterior preference they imply."""
+
+    def __init__(self, archetypes: np.ndarray, user_noise: float, utility_noise: float, n_samples: int,
+                 rng: np.random.Generator):
+        per_archetype = max(1, -(-n_samples // len(archetypes)))   # stratified: equal count per archetype
+        self.samples = (np.repeat(archetypes, per_archetype, axis=0)
+                        + user_noise * rng.normal(size=(per_archetype * len(archetypes), archetypes.shape[1])))
+        self.utility_noise = utility_noise
+
+    @classmethod
+    def of(cls, world: World, n_samples: int | None = None) -> "WorldPrior":
+        cfg = world.config
+        return cls(world.archetypes, cfg.user_noise, cfg.utility_noise, n_samples or cfg.reference_samples,
+                   stream(cfg.seed, "oracle"))
+
+    def _scaled(self, diffs: np.ndarray) -> np.ndarray:
+        margins = self.samples @ np.asarray(diffs, dtype=np.float64).T          # (S, n)
+        if self.utility_noise > 0:
+            return margins / (self.utility_noise * np.sqrt(2.0))
+        return np.sign(margins) * np.inf                                         # noise-free: a step
+
+    def posterior_weights(self, history_diffs: np.ndarray) -> np.ndarray:
+        """Normalized importance weights of the samples given history diffs (x_chosen - x_rejected rows)."""
+        n = len(self.samples)
+        if len(history_diffs) == 0:
+            return np.full(n, 1.0 / n)
+        with np.errstate(invalid="ignore"):
+            loglik = np.nan_to_num(log_ndtr(self._scaled(history_diffs)), nan=np.log(0.5)).sum(axis=1)
+        if not np.isfinite(loglik.max()):          # no sample explains the history: fall back to the prior
+            return np.full(n, 1.0 / n)
+        w = np.exp(loglik - loglik.max())
+        return w / w.sum()
+
+    def preference(self, history_diffs: np.ndarray, query_diffs: np.ndarray) -> np.ndarray:
+        """P(first answer preferred) for each query diff (x_first - x_second), posterior mean given history."""
+        with np.errstate(invalid="ignore"):
+            probs = np.nan_to_num(ndtr(self._scaled(query_diffs)), nan=0.5)      # sign(0)*inf -> nan -> tie
+        return self.posterior_weights(history_diffs) @ probs
+
+
+def _score(prob_chosen: np.ndarray) -> np.ndarray:
+    """1 when the chosen answer is predicted, 0 when the rejected one is, 0.5 on an exact tie."""
+    return np.where(prob_chosen > 0.5, 1.0, np.where(prob_chosen < 0.5, 0.0, 0.5))
+
+
+def _logistic_regression_probs(history_diffs: np.ndarray, query_diffs: np.ndarray, c: float) -> np.ndarray:
+    if len(history_diffs) == 0:
+        return np.full(len(query_diffs), 0.5)
+    from sklearn.linear_model import LogisticRegression
+
+    x = np.vstack([history_diffs, -history_diffs])
+    y = np.r_[np.ones(len(history_diffs)), np.zeros(len(history_diffs))]
+    coef = LogisticRegression(fit_intercept=False, C=c).fit(x, y).coef_[0]
+    margins = query_diffs @ coef
+    return np.where(margins > 0, 1.0, np.where(margins < 0, 0.0, 0.5))
+
+
+def reference_scores(world: World, history_size: int = 3, *, users: UserGroup = "seen",
+                     splits: tuple[str, ...] = ("val", "test"), n_samples: int | None = None,
+                     lr_c: float = 10.0) -> dict[str, np.ndarray]:
+    """Per-pair scores (1 / 0.5 / 0) of each reference predictor, pairs in world order; plus ``pair_ids``."""
+    prior = WorldPrior.of(world, n_samples)
+    out: dict[str, list] = {name: [] for name in REFERENCES}
+    pair_ids: list[str] = []
+    for user in world.users:
+        if users != "all" and user.cold_start != (users == "cold_start"):
+            continue
+        held_out = [p for p in world.pairs_of(user.user_id) if p.split in splits]
+        if not held_out:
+            continue
+        hist = np.array([p.differing for p in world.history(user.user_id, history_size)]).reshape(-1, len(
+            world.attribute_names))
+        query = np.array([p.differing for p in held_out])
+        out["oracle"].append(_score(prior.preference(hist, query)))
+        out["logistic_regression"].append(_score(_logistic_regression_probs(hist, query, lr_c)))
+        out["no_history"].append(_score(prior.preference(hist[:0], query)))
+        out["true_weights"].append(_score(np.where(query @ user.weights > 0, 1.0,
+                                                   np.where(query @ user.weights < 0, 0.0, 0.5))))
+        pair_ids.extend(p.pair_id for p in held_out)
+    scores = {k: np.concatenate(v) if v else np.zeros(0) for k, v in out.items()}
+    scores["pair_ids"] = np.array(pair_ids, dtype=object)
+    return scores
+
+
+def reference_accuracies(world: World, history_size: int = 3, *, users: UserGroup = "seen",
+                         splits: tuple[str, ...] = ("val", "test"), n_samples: int | None = None,
+                         n_boot: int = 2000, lr_c: float = 10.0) -> dict[str, Estimate]:
+    """Accuracy with a 95% bootstrap CI of each reference predictor (see the module docstring)."""
+    key = (history_size, users, tuple(splits), n_samples, n_boot, lr_c)
+    if key in world._reference_cache:
+        return world._reference_cache[key]
+    scores = reference_scores(world, history_size, users=users, splits=splits, n_samples=n_samples, lr_c=lr_c)
+    result = {}
+    for name in REFERENCES:
+        s = scores[name]
+        lo, hi = bootstrap_ci(s, stream(world.config.seed, "bootstrap"), n_boot)
+        result[name] = Estimate(float(s.mean()) if len(s) else float("nan"), lo, hi, int(len(s)))
+    world._reference_cache[key] = result
+    return result
