@@ -51,7 +51,7 @@ def attach_retrieval(out: SourceOutput, data: DataConfig, progress: bool = False
     from pr_rlhf.retrieval import copy_retrieved_to_pairs, retrieve_for_queries
 
     embedder = make_embedder(data.retrieval.embedder, cache_dir=data.retrieval.cache_dir)
-    by_user = {p.user_id: p.items for p in profiles}
+    by_user = {(p.user_id, p.subset): p for p in profiles}  # a user may have a profile in several subsets
     retrieve_for_queries(out.tables["queries"], by_user, top_k=data.retrieval.top_k, embedder=embedder,
                          batch_size=data.retrieval.batch_size, progress=progress)
     copy_retrieved_to_pairs(out.tables["queries"], out.tables["pairs"])

@@ -76,13 +76,13 @@ def run_data_build(data: DataConfig, recipe: Recipe):
     from pr_rlhf.records import InvalidRecordError
     from data_pipelines.build import build_shards
 
-    with console.status("starting") as status:
-        try:
-            return build_shards(data, recipe.world, progress=True, on_stage=lambda s: status.update(s))
-        except InvalidRecordError as exc:
-            _fail(f"{exc}\n(use --skip-invalid to skip invalid records, count them and keep going)")
-        except (ValueError, FileNotFoundError) as exc:
-            _fail(str(exc))
+    try:
+        return build_shards(data, recipe.world, progress=True,
+                            on_stage=lambda s: console.print(f"[bold cyan]>[/] {s}", highlight=False))
+    except InvalidRecordError as exc:
+        _fail(f"{exc}\n(use --skip-invalid to skip invalid records, count them and keep going)")
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
 
 
 def print_build_report(report) -> None:
@@ -113,19 +113,22 @@ def print_manifest_summary(manifest: dict) -> None:
     console.print(f"{len(files)} shard files, {sum(f['bytes'] for f in files) / 1e6:.2f} MB "
                   f"({manifest['shard_config']['compression']})")
     summary = manifest.get("summary") or {}
-    refs = summary.get("reference_accuracy")
-    if refs:
-        ref_table = Table(title=f"reference accuracies on held-out pairs (history of {summary.get('history_pairs', '?')} pairs)")
-        ref_table.add_column("predictor")
-        ref_table.add_column("accuracy", justify="right")
-        ref_table.add_column("95% CI", justify="right")
-        for name, val in refs.items():
-            if isinstance(val, dict):
-                ref_table.add_row(name, f"{100 * val['mean']:.1f}%",
-                                  f"[{100 * val['low']:.1f}, {100 * val['high']:.1f}]")
-            else:
-                ref_table.add_row(name, f"{100 * float(val):.1f}%", "")
-        console.print(ref_table)
+    for key, who in (("reference", "seen users, history of 3 pairs"),
+                     ("reference_cold_start", "cold-start users, history of 1 pair")):
+        if summary.get(key):
+            print_reference_table(summary[key], f"reference accuracies on held-out pairs: {who}")
+
+
+def print_reference_table(refs: dict, title: str) -> None:
+    table = Table(title=title)
+    table.add_column("predictor")
+    table.add_column("accuracy", justify="right")
+    table.add_column("95% CI", justify="right")
+    table.add_column("pairs", justify="right")
+    for name, est in refs.items():
+        table.add_row(name, f"{100 * est['accuracy']:.1f}%",
+                      f"[{100 * est['ci_low']:.1f}, {100 * est['ci_high']:.1f}]", str(est["n"]))
+    console.print(table)
 
 
 @data_app.command("inspect")

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from pr_rlhf.models.embedders import DEFAULT_BATCH_SIZE, BM25Scorer, Embedder, is_lexical, make_embedder
-from pr_rlhf.records import Pair, Profile, Query, RetrievedItem
+from pr_rlhf.records import Pair, Profile, Query
 
 Scorer = Embedder | BM25Scorer | Callable[[str, list[str]], Sequence[float]]
 DEFAULT_TOP_K = 10
@@ -69,8 +69,9 @@ def score_texts(query: str, texts: Sequence[str], scorer: Scorer) -> np.ndarray:
 
 
 def _ranked(items: Sequence[dict], scores: np.ndarray, top_k: int | None) -> list[dict]:
-    return [asdict(RetrievedItem(id=items[i]["id"], text=items[i]["text"], category=items[i]["category"],
-                                 score=float(scores[i])))
+    # records.RetrievedItem as a plain dict (asdict is slow over millions of items; a test checks the fields).
+    return [{"id": items[i]["id"], "text": items[i]["text"], "category": items[i]["category"],
+             "score": float(scores[i])}
             for i in ranking_order(scores, top_k)]
 
 
@@ -149,7 +150,8 @@ def retrieve_for_queries(queries: Sequence[Query], profiles_by_user: Mapping[Has
     scorer = embedder if embedder is not None else default_embedder()
     stats = RetrievalStats(queries=len(queries))
     # Group queries by the profile object they read, so each profile is normalized and scored as one block.
-    groups: dict[int, tuple[list[dict], list[Query]]] = {}
+    # The profile object itself is kept in the group so its id() cannot be reused while we run.
+    groups: dict[int, tuple[Any, list[dict], list[Query]]] = {}
     for query in queries:
         profile = _find_profile(query, profiles_by_user)
         if profile is None:
@@ -158,14 +160,14 @@ def retrieve_for_queries(queries: Sequence[Query], profiles_by_user: Mapping[Has
             continue
         if id(profile) not in groups:
             raw = profile.items if isinstance(profile, Profile) else profile
-            groups[id(profile)] = ([profile_item(i) for i in raw], [])
-        groups[id(profile)][1].append(query)
+            groups[id(profile)] = (profile, [profile_item(i) for i in raw], [])
+        groups[id(profile)][2].append(query)
 
     dense = not is_lexical(scorer) and hasattr(scorer, "encode")
     vectors = np.zeros((0, 0), dtype=np.float32)
     row: dict[str, int] = {}
     if dense:
-        for items, members in groups.values():
+        for _, items, members in groups.values():
             for text in [query_text(q) for q in members] + [i["text"] for i in items]:
                 row.setdefault(text, len(row))
         stats.unique_texts = len(row)
@@ -188,7 +190,7 @@ def retrieve_for_queries(queries: Sequence[Query], profiles_by_user: Mapping[Has
 
     start = time.perf_counter()
     bar = _progress(len(groups), "rank", progress)
-    for items, members in groups.values():
+    for _, items, members in groups.values():
         item_texts = [i["text"] for i in items]
         if dense and items:
             scores = vectors[[row[query_text(q)] for q in members]] @ vectors[[row[t] for t in item_texts]].T

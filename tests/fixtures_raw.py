@@ -13,7 +13,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-PRISM_EXAMPLE = Path("/work/shared/data/prism_example/prism_personalized_example_record.json")
+# One real PRISM record (MIT licence beside it), copied from the project's shared data.
+PRISM_EXAMPLE = Path(__file__).parent / "data" / "prism_example" / "prism_personalized_example_record.json"
 
 PROFILE_ITEM = pa.struct([("id", pa.string()), ("category", pa.string()), ("text", pa.string())])
 ASPECT = pa.struct([("aspect", pa.string()), ("evidence", pa.string()), ("reason", pa.string())])

@@ -1,6 +1,7 @@
 """Embedders, the embedding cache, BM25 and top-k profile retrieval (all offline, CPU, no downloads)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -20,7 +21,7 @@ from pr_rlhf.models.embedders import (
     minilm_path,
     word_tokens,
 )
-from pr_rlhf.records import Pair, Profile, Query
+from pr_rlhf.records import Pair, Profile, Query, RetrievedItem
 from pr_rlhf.retrieval import (
     copy_retrieved_to_pairs,
     rank_profile,
@@ -153,7 +154,7 @@ def test_ranked_items_keep_their_own_ids_and_texts():
     by_id = {p["id"]: p for p in PROFILE}
     for r in ranked:
         assert r["text"] == by_id[r["id"]]["text"] and r["category"] == by_id[r["id"]]["category"]
-    assert set(ranked[0]) == {"id", "text", "category", "score"}
+    assert list(ranked[0]) == [f.name for f in dataclasses.fields(RetrievedItem)]
 
 
 def test_ties_break_by_original_index_and_top_k_bounds():

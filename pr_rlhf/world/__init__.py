@@ -19,7 +19,19 @@ _LAZY = {
     "reference_accuracies": "reference", "reference_scores": "reference", "Estimate": "reference",
 }
 
-__all__ = ["WorldConfig", *_LAZY]
+__all__ = [
+    "CATALOG",
+    "Estimate",
+    "World",
+    "WorldConfig",
+    "WorldPair",
+    "WorldUser",
+    "build_world",
+    "detect",
+    "gold_utility",
+    "reference_accuracies",
+    "reference_scores",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -15,15 +15,17 @@ Two renderers realize an attribute vector as text:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from pr_rlhf.world.config import CATALOG_ORDER, NOT_COMPACT
 from pr_rlhf.world.topics import GENERIC_ADVICE, Topic
 
-LENGTH_THRESHOLD_WORDS = 80   # "length" is 1 for answers of at least this many words
+# "length" is 1 for answers of at least this many words. 100 (PRB's answer budget) leaves room for a short answer
+# that realizes every other attribute at once.
+LENGTH_THRESHOLD_WORDS = 100
 
 _LIST_LINE = re.compile(r"^\s*(?:[-*\u2022]\s+|\d+[.)]\s+)")
 _WORD = re.compile(r"[A-Za-z0-9]+(?:['\u2019][A-Za-z]+)?")
@@ -125,8 +127,8 @@ CATALOG: dict[str, Attribute] = {a.name: a for a in (
                  "Do it this way because {reason}."),
         reveal_on=("I always want to know why a {topic} tip works, not just what to do.",
                    "Explain the why behind {topic} advice and I'll remember it."),
-        reveal_off=("Skip the theory, I just want the {topic} steps.",
-                    "I don't care why a {topic} trick works, only that it does."),
+        reveal_off=("Skip the theory; for {topic}, I just want the steps.",
+                    "I don't care why a {topic} tip works, only that it does."),
         reason_on="The user remembers advice better when it comes with its reasons.",
         reason_off="The user wants the steps without the theory."),
     Attribute(
@@ -246,7 +248,7 @@ def render_varied(values: Mapping[str, int], plan: AnswerPlan) -> str:
             if count_words(text) >= LENGTH_THRESHOLD_WORDS:
                 return text
         raise ValueError("not enough content sentences to reach the length threshold")
-    for n_core in range(plan.short_core, 0, -1):
+    for n_core in range(plan.short_core, -1, -1):   # 0 core sentences only when the attributes fill it
         text = _layout(values, plan, n_core)
         if count_words(text) < LENGTH_THRESHOLD_WORDS:
             return text

@@ -10,8 +10,9 @@ vectors and utilities are identical across the two renderings.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -92,17 +93,21 @@ class World:
     users: list[WorldUser]
     pairs: list[WorldPair]
     _by_user: dict[str, WorldUser] = field(default_factory=dict, repr=False)
+    _pairs_by_user: dict[str, list[WorldPair]] = field(default_factory=dict, repr=False)
     _reference_cache: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self._by_user = {u.user_id: u for u in self.users}
+        self._pairs_by_user = {u.user_id: [] for u in self.users}
+        for p in self.pairs:
+            self._pairs_by_user[p.user_id].append(p)
 
     # -- lookups ---------------------------------------------------------------------------------------------
     def user(self, user_id: str) -> WorldUser:
         return self._by_user[user_id]
 
     def pairs_of(self, user_id: str, split: str | None = None) -> list[WorldPair]:
-        return [p for p in self.pairs if p.user_id == user_id and (split is None or p.split == split)]
+        return [p for p in self._pairs_by_user[user_id] if split is None or p.split == split]
 
     def history(self, user_id: str, size: int | None = None) -> list[WorldPair]:
         """The user's train pairs in order (the first ``size`` of them)."""
@@ -217,11 +222,12 @@ def _splits_of(config: WorldConfig, cold_start: bool) -> list[str]:
 def _draw_pairs(config: WorldConfig, user: WorldUser, names: tuple[str, ...]) -> list[WorldPair]:
     rng = stream(config.seed, "pairs", user.index)
     k = len(names)
-    topics = topics_of(user.subset)
+    # A user's questions come from their subset, without repeats until all of them have been asked.
+    questions = [(t, q, thing) for t in topics_of(user.subset) for q, thing in t.questions]
+    order = rng.permutation(len(questions))
     out = []
     for j, split in enumerate(_splits_of(config, user.cold_start)):
-        topic = topics[int(rng.integers(len(topics)))]
-        question, thing = topic.questions[int(rng.integers(len(topic.questions)))]
+        topic, question, thing = questions[order[j % len(order)]]
         narratives = topic.narratives + GENERIC_NARRATIVES
         narrative = _capitalize_sentences(
             narratives[int(rng.integers(len(narratives)))].format(thing=thing, topic=topic.name))
@@ -281,7 +287,7 @@ def _draw_profile(config: WorldConfig, user: WorldUser, names: tuple[str, ...]) 
             attr, wants = CATALOG[names[j]], bool(user.weights[j] > 0)
             templates = attr.reveal_on if wants else attr.reveal_off
             topic = own[int(rng.integers(len(own)))]
-            text = _capitalize_sentences(templates[int(rng.integers(len(templates)))].format(topic=topic.name))
+            text = _capitalize_sentences(templates[int(rng.integers(len(templates)))].format(topic=topic.label))
             if text not in seen:
                 posts.append(ProfilePost(post_id, text, topic.name, reveals=attr.name, wants=wants))
                 seen.add(text)
@@ -305,8 +311,8 @@ def _rubric(config: WorldConfig, user: WorldUser, names: tuple[str, ...], topic:
         revealing = [p for p in user.posts if p.reveals == attr.name]
         revealing.sort(key=lambda p: p.category != topic.name)   # prefer a post on the query's topic
         evidence = revealing[0] if revealing else None
-        reason = attr.reason_on if wants else attr.reason_off
-        reason += " (stated in a profile post)" if evidence else " (seen in the user's past choices)"
+        reason = (attr.reason_on if wants else attr.reason_off).rstrip(".")
+        reason += " (stated in a profile post)." if evidence else " (seen in the user's past choices)."
         items.append(RubricItem(attribute=attr.name, wants=wants, weight=float(user.weights[j]),
                                 aspect=attr.aspect(wants), evidence=evidence.text if evidence else "",
                                 evidence_id=evidence.id if evidence else "", reason=reason))

@@ -62,7 +62,7 @@ class WorldPrior:
         self.utility_noise = utility_noise
 
     @classmethod
-    def of(cls, world: World, n_samples: int | None = None) -> "WorldPrior":
+    def of(cls, world: World, n_samples: int | None = None) -> WorldPrior:
         cfg = world.config
         return cls(world.archetypes, cfg.user_noise, cfg.utility_noise, n_samples or cfg.reference_samples,
                    stream(cfg.seed, "oracle"))
@@ -109,12 +109,27 @@ def _logistic_regression_probs(history_diffs: np.ndarray, query_diffs: np.ndarra
     return np.where(margins > 0, 1.0, np.where(margins < 0, 0.0, 0.5))
 
 
+def _predict(name: str, prior: WorldPrior, hist: np.ndarray, query: np.ndarray, weights: np.ndarray,
+             lr_c: float) -> np.ndarray:
+    """P(chosen preferred) for each query diff, by one reference predictor."""
+    if name == "oracle":
+        return prior.preference(hist, query)
+    if name == "logistic_regression":
+        return _logistic_regression_probs(hist, query, lr_c)
+    if name == "no_history":
+        return prior.preference(hist[:0], query)
+    return 0.5 + 0.5 * np.sign(query @ weights)      # true_weights
+
+
 def reference_scores(world: World, history_size: int = 3, *, users: UserGroup = "seen",
                      splits: tuple[str, ...] = ("val", "test"), n_samples: int | None = None,
-                     lr_c: float = 10.0) -> dict[str, np.ndarray]:
+                     lr_c: float = 10.0, predictors: tuple[str, ...] = REFERENCES) -> dict[str, np.ndarray]:
     """Per-pair scores (1 / 0.5 / 0) of each reference predictor, pairs in world order; plus ``pair_ids``."""
+    unknown = set(predictors) - set(REFERENCES)
+    if unknown:
+        raise ValueError(f"unknown reference predictors {sorted(unknown)}; known: {REFERENCES}")
     prior = WorldPrior.of(world, n_samples)
-    out: dict[str, list] = {name: [] for name in REFERENCES}
+    out: dict[str, list] = {name: [] for name in predictors}
     pair_ids: list[str] = []
     for user in world.users:
         if users != "all" and user.cold_start != (users == "cold_start"):
@@ -125,11 +140,8 @@ def reference_scores(world: World, history_size: int = 3, *, users: UserGroup = 
         hist = np.array([p.differing for p in world.history(user.user_id, history_size)]).reshape(-1, len(
             world.attribute_names))
         query = np.array([p.differing for p in held_out])
-        out["oracle"].append(_score(prior.preference(hist, query)))
-        out["logistic_regression"].append(_score(_logistic_regression_probs(hist, query, lr_c)))
-        out["no_history"].append(_score(prior.preference(hist[:0], query)))
-        out["true_weights"].append(_score(np.where(query @ user.weights > 0, 1.0,
-                                                   np.where(query @ user.weights < 0, 0.0, 0.5))))
+        for name in predictors:
+            out[name].append(_score(_predict(name, prior, hist, query, user.weights, lr_c)))
         pair_ids.extend(p.pair_id for p in held_out)
     scores = {k: np.concatenate(v) if v else np.zeros(0) for k, v in out.items()}
     scores["pair_ids"] = np.array(pair_ids, dtype=object)
@@ -148,6 +160,6 @@ def reference_accuracies(world: World, history_size: int = 3, *, users: UserGrou
     for name in REFERENCES:
         s = scores[name]
         lo, hi = bootstrap_ci(s, stream(world.config.seed, "bootstrap"), n_boot)
-        result[name] = Estimate(float(s.mean()) if len(s) else float("nan"), lo, hi, int(len(s)))
+        result[name] = Estimate(float(s.mean()) if len(s) else float("nan"), lo, hi, len(s))
     world._reference_cache[key] = result
     return result

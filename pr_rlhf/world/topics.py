@@ -12,6 +12,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Topic:
     name: str
+    label: str                               # how a profile post names the topic ("film advice", "money tips")
     subset: str
     questions: tuple[tuple[str, str], ...]   # (question, the thing it is about: fills {thing} in answers)
     advice: tuple[str, ...]                  # core answer sentences, trigger-free
@@ -44,7 +45,7 @@ SUBSETS: tuple[str, ...] = ("Art_and_Entertainment", "Lifestyle_and_Personal_Dev
 
 TOPICS: tuple[Topic, ...] = (
     Topic(
-        "music", "Art_and_Entertainment",
+        "music", "music", "Art_and_Entertainment",
         questions=(
             ("How do I practice guitar chord changes faster?", "chord changes"),
             ("What is a good way to learn to read sheet music?", "sheet music"),
@@ -75,7 +76,7 @@ TOPICS: tuple[Topic, ...] = (
                     "I practice most evenings but my {thing} barely improves. What am I missing?"),
     ),
     Topic(
-        "photography", "Art_and_Entertainment",
+        "photography", "photography", "Art_and_Entertainment",
         questions=(
             ("How do I take sharper photos in low light?", "low-light shots"),
             ("What settings should I learn first on a new camera?", "camera settings"),
@@ -106,7 +107,7 @@ TOPICS: tuple[Topic, ...] = (
                     "My {thing} look flat compared to what I see online. Where should I start?"),
     ),
     Topic(
-        "movies", "Art_and_Entertainment",
+        "movies", "film", "Art_and_Entertainment",
         questions=(
             ("How do I get into classic films from the 1950s?", "classic films"),
             ("What is a good way to start a movie club with friends?", "a movie club"),
@@ -137,7 +138,7 @@ TOPICS: tuple[Topic, ...] = (
                     "I've always watched whatever was new, and now I'd like to explore {thing} properly."),
     ),
     Topic(
-        "books", "Art_and_Entertainment",
+        "books", "reading", "Art_and_Entertainment",
         questions=(
             ("How do I read more books each year?", "reading habits"),
             ("What is a good way to get into poetry?", "poetry"),
@@ -168,7 +169,7 @@ TOPICS: tuple[Topic, ...] = (
                     "A friend asked me about {thing} and I realised I had no good answer."),
     ),
     Topic(
-        "cooking", "Lifestyle_and_Personal_Development",
+        "cooking", "cooking", "Lifestyle_and_Personal_Development",
         questions=(
             ("How do I make bread rise properly at home?", "bread dough"),
             ("What is the best way to cook rice without it getting mushy?", "rice"),
@@ -199,7 +200,7 @@ TOPICS: tuple[Topic, ...] = (
                     "I just moved into my first flat and want to get {thing} right before friends visit."),
     ),
     Topic(
-        "fitness", "Lifestyle_and_Personal_Development",
+        "fitness", "fitness", "Lifestyle_and_Personal_Development",
         questions=(
             ("How do I start running as a complete beginner?", "running"),
             ("What is a good strength routine for home workouts?", "home strength training"),
@@ -230,7 +231,7 @@ TOPICS: tuple[Topic, ...] = (
                     "I keep starting and stopping with {thing}. I want a plan that sticks this time."),
     ),
     Topic(
-        "gardening", "Lifestyle_and_Personal_Development",
+        "gardening", "gardening", "Lifestyle_and_Personal_Development",
         questions=(
             ("How do I grow tomatoes on a small balcony?", "balcony tomatoes"),
             ("What is the best way to start a compost pile?", "composting"),
@@ -261,7 +262,7 @@ TOPICS: tuple[Topic, ...] = (
                     "My grandmother always had a garden. I'm trying {thing} for the first time this year."),
     ),
     Topic(
-        "programming", "Lifestyle_and_Personal_Development",
+        "programming", "coding", "Lifestyle_and_Personal_Development",
         questions=(
             ("How do I get better at debugging my code?", "debugging"),
             ("What is a good first project for learning Python?", "a first Python project"),
@@ -292,7 +293,7 @@ TOPICS: tuple[Topic, ...] = (
                     "I switched careers into software last year. {thing} still feels harder than it should."),
     ),
     Topic(
-        "finance", "Society_and_Culture",
+        "finance", "money", "Society_and_Culture",
         questions=(
             ("How do I start building an emergency fund?", "an emergency fund"),
             ("What is a simple way to make a monthly budget?", "budgeting"),
@@ -323,7 +324,7 @@ TOPICS: tuple[Topic, ...] = (
                     "My partner and I keep arguing about money. Getting {thing} sorted would help a lot."),
     ),
     Topic(
-        "travel", "Society_and_Culture",
+        "travel", "travel", "Society_and_Culture",
         questions=(
             ("How do I pack light for a two-week trip?", "packing light"),
             ("What is the best way to find cheap flights?", "cheap flights"),
@@ -354,7 +355,7 @@ TOPICS: tuple[Topic, ...] = (
                     "Last time I travelled, {thing} went badly. I'd like to do better this time."),
     ),
     Topic(
-        "history", "Society_and_Culture",
+        "history", "history", "Society_and_Culture",
         questions=(
             ("How do I start learning about ancient Rome?", "ancient Rome"),
             ("What is a good way to research my family history?", "family history"),
@@ -385,7 +386,7 @@ TOPICS: tuple[Topic, ...] = (
                     "My kids asked me about {thing} and I realised I know very little about it."),
     ),
     Topic(
-        "languages", "Society_and_Culture",
+        "languages", "language-learning", "Society_and_Culture",
         questions=(
             ("How do I learn Spanish vocabulary faster?", "vocabulary"),
             ("What is a good way to practice speaking a new language?", "speaking practice"),
