@@ -22,7 +22,6 @@ RUNTIME = [
     "matplotlib>=3.8",
     "scikit-learn>=1.4",
     "numpy>=1.26",
-    "bm25s>=0.2",
 ]
 
 EXTRAS = {
@@ -32,7 +31,7 @@ EXTRAS = {
     "gpu": ["vllm>=0.8", "flash-attn", "deepspeed"],
     # verl itself pins an older transformers; CI installs it with --no-deps for the golden algorithm tests.
     "verl": ["verl==0.9.1"],
-    "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff"],
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff", "bm25s>=0.2"],  # bm25s: reference for our BM25
 }
 
 setup(
