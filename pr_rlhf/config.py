@@ -48,8 +48,66 @@ class DataConfig(StrictModel):
     shards: ShardsConfig = Field(default_factory=ShardsConfig)
 
 
+class EngineConfig(StrictModel):
+    """Which model answers, and through which backend."""
+
+    backend: Literal["hf", "vllm", "openai"] = "hf"
+    model: str = Field("tiny", description="'tiny' (built from a config, tokenizer trained locally), 'smollm2' "
+                                           "(shipped SmolLM2-135M-Instruct), a local directory, or (openai / "
+                                           "networked machines only) a served or hub model name")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    max_model_len: int = Field(2048, ge=16)
+    seed: int = 0
+    # local backends
+    device: str = "cpu"
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    tensor_parallel_size: int = Field(1, ge=1)
+    enable_prefix_caching: bool = True
+    # openai backend
+    base_url: str = "http://127.0.0.1:8000/v1"
+    api_key_env: str = Field("OPENAI_API_KEY", description="name of the environment variable holding the key "
+                                                            "(the key itself never appears in a recipe or log)")
+    concurrency: int = Field(8, ge=1)
+    timeout_s: float = Field(60.0, gt=0)
+    max_retries: int = Field(3, ge=0)
+    backoff_s: float = Field(0.5, ge=0)
+
+
+class GenerationConfig(StrictModel):
+    temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(256, ge=1)
+
+
+class ScalarRMConfig(StrictModel):
+    model: str = Field("tiny", description="'tiny' or a local sequence-classification checkpoint directory")
+    max_length: int = Field(8192, ge=16, description="inputs are truncated to this many tokens (PRB: 8192)")
+    batch_size: int = Field(8, ge=1)
+
+
+class EvalConfig(StrictModel):
+    shards: str = Field("runs/quickstart/data", description="shard directory built by `pr-rlhf data build`")
+    split: str = "test"
+    subsets: list[str] | None = None
+    max_pairs: int | None = Field(None, ge=1, description="evaluate a seeded sample of at most this many pairs")
+    modes: list[Literal["pointwise", "pairwise"]] = Field(default_factory=lambda: ["pointwise", "pairwise"])
+    inputs: list[Literal["none", "profile", "plan"]] = Field(default_factory=lambda: ["none", "profile", "plan"])
+    pairwise_format: Literal["judge", "sec"] = Field("judge", description="'judge': ends with 'Result: A|B'; "
+                                                                          "'sec': the P-GenRM evaluation chain")
+    history_pairs: int = Field(3, ge=0, description="history triples shown to history-based RMs")
+    top_k_profile: int = Field(10, ge=1)
+    both_orders: bool = Field(False, description="judge each pair in both slot orders")
+    n_bootstrap: int = Field(1000, ge=10)
+    out: str = "runs/eval"
+    judge: EngineConfig = Field(default_factory=EngineConfig)
+    planner: EngineConfig | None = Field(None, description="defaults to the judge's engine")
+    scalar_rm: ScalarRMConfig = Field(default_factory=ScalarRMConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+
+
 class TrackingConfig(StrictModel):
-    mlflow_uri: str = Field("sqlite:///mlruns/mlflow.db", description="mlflow tracking URI (sqlite works offline)")
+    mlflow_uri: str | None = Field(None, description="mlflow tracking URI; default: $MLFLOW_TRACKING_URI, else "
+                                                     "sqlite:///<run dir>/mlflow.db (works offline)")
     experiment: str = "pr_rlhf"
 
 
@@ -60,6 +118,7 @@ class Recipe(StrictModel):
     seed: int = 0
     data: DataConfig = Field(default_factory=DataConfig)
     world: WorldConfig = Field(default_factory=WorldConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
 
