@@ -162,6 +162,32 @@ def _abbreviate(value, limit: int = 120):
     return value
 
 
+@app.command("eval")
+def eval_cmd(recipe: Path = typer.Argument(..., help="recipe YAML with an eval: section"),
+             overrides: Optional[List[str]] = OverridesOpt,
+             out: Optional[Path] = typer.Option(None, "--out", "-o", help="run directory (eval.out)")) -> None:
+    """Evaluate reward models on benchmark shards: pointwise and pairwise, w/o profile, w/ profile, w/ plan."""
+    extra = [f"eval.out={json.dumps(str(out))}"] if out else []
+    resolved = _recipe(recipe, list(overrides or []) + extra)
+    run_eval_stage(resolved)
+
+
+def run_eval_stage(recipe: Recipe):
+    from pr_rlhf.eval.runner import EvalError, run_eval
+    from pr_rlhf.shards import ShardError
+
+    console.rule(f"[bold]eval[/] {recipe.eval.shards} -> {recipe.eval.out}")
+    try:
+        result = run_eval(recipe, on_stage=lambda s: console.print(f"[bold cyan]>[/] {s}", highlight=False))
+    except (EvalError, ShardError) as exc:
+        _fail(str(exc))
+    from rich.markdown import Markdown
+
+    console.print(Markdown(result.report.markdown.read_text()))
+    console.print(f"[green]wrote[/] {', '.join(str(p) for p in result.report.paths)}")
+    return result
+
+
 @app.command()
 def quickstart(out: Path = typer.Option(Path("runs/quickstart"), "--out", "-o", help="run directory"),
                recipe: Path = typer.Option(Path("recipes/quickstart.yaml"), "--recipe", "-r"),

@@ -111,6 +111,7 @@ class TrackingConfig(StrictModel):
     mlflow_uri: str | None = Field(None, description="mlflow tracking URI; default: $MLFLOW_TRACKING_URI, else "
                                                      "sqlite:///<run dir>/mlflow.db (works offline)")
     experiment: str = "pr_rlhf"
+    enabled: bool = True
 
 
 class Recipe(StrictModel):

@@ -1,0 +1,1 @@
+"""Evaluation: prediction records, honest accuracy accounting, reports."""

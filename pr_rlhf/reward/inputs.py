@@ -1,0 +1,170 @@
+"""What a reward model may see for one pair, built from shard rows, and the blocks that describe the user.
+
+:class:`RMInput` never carries the rubric, the narrative or the record's meta (PROTOCOLS.md section 1): those are
+the evaluation's ground truth. The three input modes of PROTOCOLS.md section 2 map to :func:`user_block`:
+``"none"`` shows nothing about the user, ``"profile"`` the top-k retrieved posts (rendered by
+:func:`pr_rlhf.retrieval.render_profile`), ``"plan"`` the planner's aspects as a numbered list.
+"""
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pr_rlhf.prompts import fragment
+from pr_rlhf.retrieval import render_profile
+
+InputMode = Literal["none", "profile", "plan"]
+INPUT_MODES: tuple[str, ...] = ("none", "profile", "plan")
+
+
+@dataclass
+class RMInput:
+    pair_id: str
+    user_id: str
+    subset: str
+    question: str
+    chosen: str
+    rejected: str
+    context: list[dict] = field(default_factory=list)          # [{role, content}], ends with the question
+    retrieved: list[dict] = field(default_factory=list)        # top-k profile items [{id, text, category, score}]
+    history: list[dict] = field(default_factory=list)          # [{question, chosen, rejected}], oldest first
+    stated_preferences: str = ""
+    plan: list[str] | None = None                              # the planner's aspects (mode "plan")
+
+
+def _get(row: Any, key: str, default: Any = None) -> Any:
+    if isinstance(row, Mapping):
+        return row.get(key, default)
+    return getattr(row, key, default)
+
+
+def _lookup(by_user: Mapping[Hashable, Any] | None, user_id: str, subset: str) -> Any:
+    """A per-user table entry keyed by ``(user_id, subset)`` or by ``user_id`` alone."""
+    if not by_user:
+        return None
+    for key in ((user_id, subset), user_id):
+        if key in by_user:
+            return by_user[key]
+    return None
+
+
+def _plain_list(value: Any) -> list:
+    if value is None:
+        return []
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes, dict)):
+        value = value.tolist()
+    return list(value)
+
+
+def history_rows_by_user(history_rows: Iterable[Any], pair_rows: Iterable[Any]) -> dict[tuple[str, str], list]:
+    """``(user_id, subset) -> [pair rows]``: each user's train pairs in the order the histories table lists them.
+
+    Ids listed in a history but absent from ``pair_rows`` are skipped.
+    """
+    by_id = {str(_get(row, "pair_id")): row for row in pair_rows}
+    out: dict[tuple[str, str], list] = {}
+    for hist in history_rows:
+        key = (str(_get(hist, "user_id")), str(_get(hist, "subset", "")))
+        out[key] = [by_id[pid] for pid in map(str, _plain_list(_get(hist, "pair_ids"))) if pid in by_id]
+    return out
+
+
+def rm_inputs_from_rows(pair_rows: Iterable[Any], history_rows_by_user: Mapping[Hashable, Sequence[Any]] | None,
+                        profiles_by_user: Mapping[Hashable, Any] | None, k: int) -> list[RMInput]:
+    """One :class:`RMInput` per pair row (dicts or record objects).
+
+    ``history_rows_by_user`` maps ``(user_id, subset)`` or ``user_id`` to the user's history pair rows in order
+    (see :func:`history_rows_by_user`); the first ``k`` of them, never the evaluated pair itself, become the
+    history triples. ``profiles_by_user`` (same keys) supplies ``stated_preferences``; either mapping may be
+    None or lack a user.
+    """
+    out = []
+    for row in pair_rows:
+        pair_id, user_id, subset = str(_get(row, "pair_id")), str(_get(row, "user_id")), str(_get(row, "subset", ""))
+        history = []
+        for past in _lookup(history_rows_by_user, user_id, subset) or []:
+            if len(history) >= k:
+                break
+            if str(_get(past, "pair_id")) == pair_id:
+                continue
+            history.append({"question": str(_get(past, "question", "")), "chosen": str(_get(past, "chosen", "")),
+                            "rejected": str(_get(past, "rejected", ""))})
+        profile = _lookup(profiles_by_user, user_id, subset)
+        out.append(RMInput(
+            pair_id=pair_id, user_id=user_id, subset=subset, question=str(_get(row, "question", "")),
+            chosen=str(_get(row, "chosen", "")), rejected=str(_get(row, "rejected", "")),
+            context=[dict(turn) for turn in _plain_list(_get(row, "context"))],
+            retrieved=[dict(item) for item in _plain_list(_get(row, "retrieved"))],
+            history=history,
+            stated_preferences=str(_get(profile, "stated_preferences", "") or "") if profile is not None else "",
+        ))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Blocks (headed texts from prompts/user_blocks.txt; "" when there is nothing to show)
+# ----------------------------------------------------------------------------------------------------------------
+
+def user_block(inp: RMInput, mode: InputMode, top_k: int) -> str:
+    """What the RM sees about the user: nothing, the top-k posts, or the planner's aspects.
+
+    Mode ``"plan"`` needs the planner to have run (``inp.plan`` not None); an empty plan shows nothing.
+    """
+    if mode == "none":
+        return ""
+    if mode == "profile":
+        posts = render_profile(inp.retrieved, top_k)
+        return fragment("user_blocks", "profile", posts=posts) if posts else ""
+    if mode == "plan":
+        if inp.plan is None:
+            raise ValueError(f"pair {inp.pair_id!r}: input mode 'plan' needs the planner's aspects (run the "
+                             f"Planner and attach them with with_plans first)")
+        if not inp.plan:
+            return ""
+        return fragment("user_blocks", "plan", aspects="\n".join(f"{i}. {a}" for i, a in enumerate(inp.plan, 1)))
+    raise ValueError(f"unknown input mode {mode!r}; expected one of {INPUT_MODES}")
+
+
+def history_block(inp: RMInput, k: int | None = None) -> str:
+    """The first ``k`` (all when None) history triples as ``User: / Chosen: / Rejected:`` examples."""
+    triples = inp.history if k is None else inp.history[:max(k, 0)]
+    if not triples:
+        return ""
+    items = "\n\n".join(fragment("user_blocks", "history_item", index=i, question=t.get("question", ""),
+                                 chosen=t.get("chosen", ""), rejected=t.get("rejected", ""))
+                        for i, t in enumerate(triples, 1))
+    return fragment("user_blocks", "history", items=items)
+
+
+def stated_block(inp: RMInput) -> str:
+    stated = inp.stated_preferences.strip()
+    return fragment("user_blocks", "stated", stated=stated) if stated else ""
+
+
+def conversation_block(inp: RMInput) -> str:
+    """Earlier turns of a multi-turn conversation (the final user turn is the question itself, shown apart)."""
+    turns = list(inp.context)
+    if turns and turns[-1].get("role") == "user" and str(turns[-1].get("content", "")).strip() == inp.question.strip():
+        turns = turns[:-1]
+    turns = [t for t in turns if str(t.get("content", "")).strip()]
+    if not turns:
+        return ""
+    rendered = "\n".join(fragment("user_blocks", "turn", role=str(t.get("role", "")).capitalize(),
+                                  content=t.get("content", "")) for t in turns)
+    return fragment("user_blocks", "conversation", turns=rendered)
+
+
+def profile_block(retrieved: Sequence[Mapping[str, Any]], top_k: int) -> str:
+    """The headed top-k posts block on its own (planner and policy prompts)."""
+    posts = render_profile(retrieved, top_k)
+    return fragment("user_blocks", "profile", posts=posts) if posts else ""
+
+
+def with_plans(inputs: Sequence[RMInput], plans: Sequence[Any]) -> list[RMInput]:
+    """Copies of ``inputs`` carrying each planner result's aspects (a failed plan attaches an empty list)."""
+    from dataclasses import replace
+
+    if len(inputs) != len(plans):
+        raise ValueError(f"{len(inputs)} inputs but {len(plans)} plans")
+    return [replace(inp, plan=list(getattr(plan, "aspects", plan) or [])) for inp, plan in zip(inputs, plans)]

@@ -1,0 +1,125 @@
+"""Scalar reward model: a sequence-classification head scores (user block + question, answer) pointwise.
+
+The prompt is the ``scalar_rm`` template as the user turn and the answer as the assistant turn, through the
+tokenizer's chat template (plain ``prompt\\n\\nanswer`` when it has none). Inputs longer than ``max_length``
+tokens lose tokens from the left of the user block first, so the question and the answer are kept; only if
+they alone are too long is the rest cut from the left. Scoring is batched, in eval mode under ``no_grad``, and
+deterministic (a sequence's score does not depend on the batch it is in, up to float rounding).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pr_rlhf.config import ScalarRMConfig
+from pr_rlhf.prompts import fragment
+from pr_rlhf.reward.inputs import InputMode, RMInput, conversation_block, user_block
+from pr_rlhf.reward.pointwise import PointScores
+
+# Stands in for the user block while the chat template is applied, so the block's tokens can be cut alone.
+_SLOT = "\u2063PR_RLHF_USER_BLOCK\u2063"
+
+
+class ScalarRM:
+    def __init__(self, cfg: ScalarRMConfig, *, device: str = "cpu", dtype: str = "float32"):
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        from pr_rlhf.models.sources import resolve_model
+
+        self.cfg = cfg
+        self.device = torch.device(device)
+        path = resolve_model(cfg.model)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        torch_dtype = getattr(torch, dtype) if dtype != "auto" else "auto"
+        # The tiny model has no trained head: a seeded random one keeps the scores reproducible (without
+        # touching the caller's random state).
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            self.model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch_dtype)
+        self.model.config.pad_token_id = self.tokenizer.pad_token_id
+        self.model.to(self.device).eval()
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Encoding
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+    def _split_template(self, user_text: str, answer: str) -> tuple[str, str]:
+        """The full input text around the user-block slot: (before, after)."""
+        if getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": user_text}, {"role": "assistant", "content": answer}], tokenize=False)
+        else:
+            text = f"{user_text}\n\n{answer}"
+        if _SLOT in text:
+            before, after = text.split(_SLOT, 1)
+            return before, after
+        return "", text
+
+    def encode(self, block: str, rest_template: str, answer: str) -> list[int]:
+        """Token ids of ``rest_template`` (holding ``_SLOT`` where the block goes) with ``answer``, truncated."""
+        before, after = self._split_template(rest_template, answer)
+        head, body, tail = self._ids(before), self._ids(block), self._ids(after)
+        budget = self.cfg.max_length - len(head) - len(tail)
+        body = body[len(body) - budget:] if budget > 0 else []
+        ids = head + body + tail
+        return ids[-self.cfg.max_length:]
+
+    def encode_input(self, inp: RMInput, answer: str, mode: InputMode, top_k: int) -> list[int]:
+        block = user_block(inp, mode, top_k)
+        rest = fragment("scalar_rm", "user", user_block=_SLOT if block else "",
+                        conversation_block=conversation_block(inp), question=inp.question)
+        return self.encode(block, rest, answer)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Scoring
+    # ------------------------------------------------------------------------------------------------------------
+
+    def score_ids(self, sequences: Sequence[list[int]]) -> list[float]:
+        import torch
+
+        scores: list[float] = []
+        pad = self.tokenizer.pad_token_id
+        for lo in range(0, len(sequences), self.cfg.batch_size):
+            batch = sequences[lo:lo + self.cfg.batch_size]
+            width = max(len(s) for s in batch)
+            ids = torch.full((len(batch), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, seq in enumerate(batch):  # right padding: the head reads the last real token
+                ids[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
+                mask[row, :len(seq)] = 1
+            with torch.no_grad():
+                logits = self._logits(ids.to(self.device), mask.to(self.device), [len(s) for s in batch])
+            scores += [float(x) for x in logits]
+        return scores
+
+    def _logits(self, ids: Any, mask: Any, lengths: list[int]) -> Any:
+        import torch
+
+        head = getattr(self.model, "score", None)
+        if not isinstance(head, torch.nn.Module):  # encoder-style classifiers pool on their own
+            return self.model(input_ids=ids, attention_mask=mask).logits.float().squeeze(-1).cpu()
+        # Decoder RMs: read the score at each sequence's last real token ourselves (the model's own pooling looks
+        # for the pad id, which may also be the last real token when pad = eos).
+        backbone = getattr(self.model, self.model.base_model_prefix)
+        hidden = backbone(input_ids=ids, attention_mask=mask).last_hidden_state
+        last = hidden[torch.arange(len(lengths)), torch.tensor(lengths) - 1]
+        return head(last).float().squeeze(-1).cpu()
+
+    def score_texts(self, prompts: Sequence[str], answers: Sequence[str]) -> list[float]:
+        """Scores of (prompt, answer) pairs; a too-long prompt is cut from its left."""
+        if len(prompts) != len(answers):
+            raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
+        return self.score_ids([self.encode(p, _SLOT, a) for p, a in zip(prompts, answers)])
+
+    def score_pairs(self, inputs: Sequence[RMInput], mode: InputMode, top_k: int) -> list[PointScores]:
+        n = len(inputs)
+        seqs = [self.encode_input(inp, inp.chosen, mode, top_k) for inp in inputs]
+        seqs += [self.encode_input(inp, inp.rejected, mode, top_k) for inp in inputs]
+        scores = self.score_ids(seqs)
+        return [PointScores(c, r, None) for c, r in zip(scores[:n], scores[n:])]
