@@ -83,6 +83,8 @@ class ScalarRMConfig(StrictModel):
     model: str = Field("tiny", description="'tiny' or a local sequence-classification checkpoint directory")
     max_length: int = Field(8192, ge=16, description="inputs are truncated to this many tokens (PRB: 8192)")
     batch_size: int = Field(8, ge=1)
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
 
 class EvalConfig(StrictModel):
@@ -97,6 +99,9 @@ class EvalConfig(StrictModel):
     pairwise_format: Literal["judge", "sec"] = Field("judge", description="'judge': ends with 'Result: A|B'; "
                                                                           "'sec': the P-GenRM evaluation chain")
     history_pairs: int = Field(3, ge=0, description="history triples shown to history-based RMs")
+    sec_use_stated_preferences: bool = Field(True, description="show stated preferences to the SEC judge "
+                                                               "(P-GenRM's GRPO stage trains without them)")
+    planner_max_aspects: int = Field(8, ge=1)
     top_k_profile: int = Field(10, ge=1)
     both_orders: bool = Field(False, description="judge each pair in both slot orders")
     n_bootstrap: int = Field(1000, ge=10)

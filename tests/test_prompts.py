@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import pr_rlhf.prompts as prompts
+from pr_rlhf import prompts
 from pr_rlhf.prompts import PromptError, chat, fragment, names, placeholders, render, sections
 
 PROMPT_DIR = Path(prompts.__file__).parent

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from pr_rlhf.reward.parsing import ERROR_KINDS, Parsed, answer_text, strip_think, to_number
 from pr_rlhf.reward.judge import parse_verdict
+from pr_rlhf.reward.parsing import ERROR_KINDS, Parsed, answer_text, strip_think, to_number
 from pr_rlhf.reward.planner import parse_aspects
 from pr_rlhf.reward.pointwise import parse_score
 from pr_rlhf.reward.sec import SEC, Criterion, CriterionScore, format_sec, normalize, parse_sec
@@ -22,6 +22,7 @@ PARSERS = {
     "answer": answer_text,
 }
 
+FINAL_12 = "<final>{\"response_1\": 1, \"response_2\": 2}</final>"
 REALISTIC_SEC = """<think>
 The user picked short, practical answers before. Let me build the rubric.
 </think>
@@ -67,15 +68,19 @@ def _check(parsed: Parsed) -> None:
 # ----------------------------------------------------------------------------------------------------------------
 
 FRAGMENTS = [
-    "<think>", "</think>", "<THINK>", "</Think>", "Result: A", "Result: B", "**Result:** B", "Result:", "Result: A or B",
+    "<think>", "</think>", "<THINK>", "</Think>", "Result: A", "Result: B", "**Result:** B", "Result:",
+    "Result: A or B",
     "Score: 7", "Score: 1e999", "Score: nan", "Score: -inf", "Score: 11", "Score:", "1. ", "- ", "* ", "\n", "\n\n",
     "<persona>", "</persona>", "<criteria>", "</criteria>", "<scores>", "</scores>", "<final>", "</final>",
     "<final><final>", "</final></final>", "| weight: ", "| weight: 0", "| weight: -5", "| weight: NaN", "| weight: inf",
-    "| weight: 1e309", "| weight: 40", " | response_1: ", "| response_2: ", "\"8\"", "'9'", "1e308", "99999999999999999999",
+    "| weight: 1e309", "| weight: 40", " | response_1: ", "| response_2: ", "\"8\"", "'9'", "1e308",
+    "99999999999999999999",
     "{", "}", "{}", "[]", "null", "true", "{\"response_1\": ", "\"response_2\"", ": ", ", ", "\"NaN\"", "Infinity",
     "{\"response_1\": \"x\", \"response_2\": [1]}", "{\"response_1\": 1e999, \"response_2\": 2}",
-    "{\"response_1\": true, \"response_2\": false}", "better_response", "\"better_response\": {response_1: 7, response_2: '5'}",
-    "[" * 50, "{\"a\":" * 30, "```json", "```", "é", "\u202e", "\u0000", "💥", "Ａ", "\u2028", "\r\n", " " * 40, "9" * 400,
+    "{\"response_1\": true, \"response_2\": false}", "better_response",
+    "\"better_response\": {response_1: 7, response_2: '5'}",
+    "[" * 50, "{\"a\":" * 30, "```json", "```", "é", "\u202e", "\u0000", "💥", "Ａ", "\u2028", "\r\n", " " * 40,
+    "9" * 400,
 ]
 
 
@@ -155,6 +160,8 @@ def test_to_number(raw, expected):
     ("Result: Answer A", "A", None),
     ("Result: A (it fits the user's love of detail)", "A", None),
     ("Final result: B.", "B", None),
+    ("Result: B, a bit better", "B", None),
+    ("Result: A - it is shorter", "A", None),
     ("**Result:**\n\nA", "A", None),
     ("Result: A\nOn reflection...\nResult: B", "B", None),           # the last result line decides
     ("<think>Result: A</think>Result: B", "B", None),
@@ -228,10 +235,10 @@ def test_parse_realistic_chain_with_string_scores():
 
 
 def test_weights_are_normalized():
-    text = "<criteria>\n1. A | weight: 2\n2. B | weight: 6\n</criteria>\n<final>{\"response_1\": 1, \"response_2\": 2}</final>"
+    text = "<criteria>\n1. A | weight: 2\n2. B | weight: 6\n</criteria>\n" + FINAL_12
     sec = parse_sec(text).value
     assert [c.weight for c in sec.criteria] == [0.25, 0.75]
-    loose = "<criteria>\n- Tone (weight: 30): warm\n- Depth - 70%\n</criteria>\n<final>{\"response_1\": 1, \"response_2\": 2}</final>"
+    loose = "<criteria>\n- Tone (weight: 30): warm\n- Depth - 70%\n</criteria>\n" + FINAL_12
     sec = parse_sec(loose).value
     assert [(c.name, c.weight) for c in sec.criteria] == [("Tone", 0.3), ("Depth", 0.7)]
     assert sec.criteria[0].description == "warm"
@@ -248,7 +255,7 @@ def test_normalize_sums_to_one_and_keeps_ratios(weights):
 
 @pytest.mark.parametrize("weight", ["0", "-10", "abc", "NaN", "inf", "1e999", ""])
 def test_bad_weights(weight):
-    text = f"<criteria>\n1. A | weight: {weight}\n2. B | weight: 50\n</criteria>\n<final>{{\"response_1\": 1, \"response_2\": 2}}</final>"
+    text = f"<criteria>\n1. A | weight: {weight}\n2. B | weight: 50\n</criteria>\n" + FINAL_12
     assert parse_sec(text).error == "bad_weights"
     assert parse_sec("<criteria>\n1. Tone | warm tone\n</criteria>").error == "bad_weights"  # no weight at all
 
@@ -278,7 +285,8 @@ def test_bad_final_json(final, error):
 def test_final_variants():
     nested = parse_sec("<final><final>{\"response_1\": 3, \"response_2\": 4}</final></final>").value
     assert nested.final == {"response_1": 3.0, "response_2": 4.0}
-    last = parse_sec("<final>{\"response_1\": 9, \"response_2\": 1}</final> wait <final>{\"response_1\": 2, \"response_2\": 8}</final>")
+    last = parse_sec("<final>{\"response_1\": 9, \"response_2\": 1}</final> wait "
+                     "<final>{\"response_1\": 2, \"response_2\": 8}</final>")
     assert last.value.final == {"response_1": 2.0, "response_2": 8.0}
     unclosed = parse_sec("<final>\n{\"response_1\": \"6\", \"response_2\": \"7\"}")
     assert unclosed.value.final == {"response_1": 6.0, "response_2": 7.0}
@@ -311,8 +319,9 @@ def test_final_recomputed_from_criteria():
 
 
 def test_strict_requires_every_part():
-    assert parse_sec(REALISTIC_SEC.replace("<persona>", "<p>").replace("</persona>", "</p>"), strict=True).error == "missing_section"
-    assert parse_sec(REALISTIC_SEC.replace("<persona>", "<p>").replace("</persona>", "</p>")).ok
+    no_persona = REALISTIC_SEC.replace("<persona>", "<p>").replace("</persona>", "</p>")
+    assert parse_sec(no_persona, strict=True).error == "missing_section"
+    assert parse_sec(no_persona).ok
 
 
 _NAME = st.text(alphabet=st.characters(categories=["L", "N"], include_characters=" ,.'&?!-"), min_size=1, max_size=30) \

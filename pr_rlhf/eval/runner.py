@@ -77,7 +77,7 @@ def _pointwise_scorer(cfg: EvalConfig, engines: _Engines, params: SamplingParams
     if cfg.pointwise_model == "scalar":
         from pr_rlhf.reward.scalar import ScalarRM
 
-        return ScalarRM(cfg.scalar_rm, device=cfg.judge.device)
+        return ScalarRM(cfg.scalar_rm, device=cfg.scalar_rm.device, dtype=cfg.scalar_rm.dtype)
     from pr_rlhf.reward.pointwise import PointwiseJudge
 
     return PointwiseJudge(engines.get(cfg.judge), params=params)
@@ -96,7 +96,9 @@ def predict_all(cfg: EvalConfig, inputs: list[RMInput], seed: int, engines: _Eng
     for inputs_mode in cfg.inputs:
         if inputs_mode == "plan":
             on_cell("planning rubrics")
-            plans = Planner(engines.get(cfg.planner or cfg.judge), params=params).plan(inputs, cfg.top_k_profile)
+            planner = Planner(engines.get(cfg.planner or cfg.judge), params=params,
+                              max_aspects=cfg.planner_max_aspects)
+            plans = planner.plan(inputs, cfg.top_k_profile)
             plan_failures = sum(p.error is not None for p in plans)
             by_mode["plan"] = with_plans(inputs, plans)
         else:
@@ -113,7 +115,8 @@ def predict_all(cfg: EvalConfig, inputs: list[RMInput], seed: int, engines: _Eng
                                                   score_rejected=s.rejected, error=s.error))
         if "pairwise" in cfg.modes:
             on_cell(f"pairwise / {inputs_mode}")
-            judge = PairwiseJudge(engines.get(cfg.judge), params=params, seed=seed, fmt=cfg.pairwise_format)
+            judge = PairwiseJudge(engines.get(cfg.judge), params=params, seed=seed, fmt=cfg.pairwise_format,
+                                  use_stated_preferences=cfg.sec_use_stated_preferences)
             verdicts = judge.judge(batch, inputs_mode, cfg.top_k_profile, both_orders=cfg.both_orders)
             per_pair = 2 if cfg.both_orders else 1
             for i, v in enumerate(verdicts):

@@ -60,6 +60,7 @@ class VLLMEngine:
         self.max_model_len = max_model_len
         self.enable_prefix_caching = enable_prefix_caching
         self.tokenizer = load_tokenizer(model_dir)
+        self.uncached_rescores = 0  # scoring requests redone because the cache covered the continuation
         gpu_kwargs = dict(gpu_memory_utilization=gpu_memory_utilization,
                           tensor_parallel_size=tensor_parallel_size) if on_gpu else {}
         self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, enforce_eager=True,
@@ -176,6 +177,7 @@ class VLLMEngine:
             full = prefix_ids + conts[k]
             sums[k] = sum(float(out.prompt_logprobs[pos][full[pos]].logprob) for pos in range(p + 1, len(full)))
         if redo:
+            self.uncached_rescores += len(redo)
             sums.update(self._prompt_logprob_sums(prefix_ids, redo, read_cache=False))
         return sums
 

@@ -15,7 +15,7 @@ so optional blocks vanish without leaving gaps.
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -33,13 +33,17 @@ def names() -> list[str]:
     return sorted(p.name[:-4] for p in resources.files(__name__).iterdir() if p.name.endswith(".txt"))
 
 
-@lru_cache(maxsize=None)
 def sections(name: str) -> dict[str, str]:
     """The sections of template ``name`` (surrounding blank lines stripped), in file order."""
-    path = resources.files(__name__) / f"{name}.txt"
-    if not re.fullmatch(r"[A-Za-z0-9_]+", name) or not path.is_file():
+    return dict(_sections(name))
+
+
+@cache
+def _sections(name: str) -> dict[str, str]:
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_]+", name) \
+            or not (resources.files(__name__) / f"{name}.txt").is_file():
         raise PromptError(f"no prompt template {name!r}; available: {', '.join(names())}")
-    text = path.read_text(encoding="utf-8")
+    text = (resources.files(__name__) / f"{name}.txt").read_text(encoding="utf-8")
     found: dict[str, list[str]] = {}
     current = "user"
     for line in text.splitlines():

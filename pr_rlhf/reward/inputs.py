@@ -114,8 +114,7 @@ def user_block(inp: RMInput, mode: InputMode, top_k: int) -> str:
     if mode == "none":
         return ""
     if mode == "profile":
-        posts = render_profile(inp.retrieved, top_k)
-        return fragment("user_blocks", "profile", posts=posts) if posts else ""
+        return profile_block(inp.retrieved, top_k)
     if mode == "plan":
         if inp.plan is None:
             raise ValueError(f"pair {inp.pair_id!r}: input mode 'plan' needs the planner's aspects (run the "

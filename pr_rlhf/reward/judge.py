@@ -25,7 +25,7 @@ Slot = Literal["A", "B"]
 
 def chosen_slot(seed: int, pair_id: str) -> Slot:
     """``"A"`` or ``"B"`` with probability 1/2 each, fixed by (seed, pair_id)."""
-    digest = hashlib.sha256(f"{int(seed)}\x00{pair_id}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"{int(seed)}\x00{pair_id}".encode()).digest()
     return "A" if digest[0] & 1 == 0 else "B"
 
 
@@ -43,7 +43,8 @@ _RESULT_LINE = re.compile(r"^[\s>*_#`~\-]*(?:final\s+)?(?:result|verdict)[\s*_`]
 _DECORATION = re.compile(r"[*_`#\[\]()\"'<>{}]")
 _SLOT_WORD = r"(?:(?i:answer|response|option|slot|assistant)\s*)?"
 _ONLY = re.compile(rf"^{_SLOT_WORD}([abAB])\s*[.!]?$")                   # "A", "b.", "Answer B"
-_PAIR = re.compile(rf"^{_SLOT_WORD}([abAB])\s*(?:/|,|&|\||(?i:\bor\b|\band\b|\bvs\b\.?)|=)\s*{_SLOT_WORD}([abAB])\b")
+# "A or B", "A/B": the second letter is upper case, so "B, a bit better" is not a pair
+_PAIR = re.compile(rf"^{_SLOT_WORD}([abAB])\s*(?:/|,|&|\||(?i:\bor\b|\band\b|\bvs\b\.?)|=)\s*{_SLOT_WORD}([AB])\b")
 _LEADING = re.compile(rf"^{_SLOT_WORD}([AB])\b(?!['’])")                # "A (shorter)", "Response B is better"
 _TIE_WORDS = re.compile(r"\b(?:tie|tied|both|neither|equal|same|none|draw)\b", re.IGNORECASE)
 
@@ -53,7 +54,7 @@ def _clean(tail: str) -> str:
 
 
 @never_raises
-def parse_verdict(text: str) -> Parsed[str]:
+def parse_verdict(text: str) -> Parsed[Slot]:
     """The slot named by the last ``Result: A`` / ``Result: B`` line, after dropping the think block.
 
     Tolerates case, spacing and markdown (``**Result:** B``, ``Result: [A]``, ``Result: Answer B``, the letter

@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Literal, TypeVar, get_args
+from typing import Any, Generic, Literal, TypeVar, get_args
 
 T = TypeVar("T")
 
@@ -48,11 +49,11 @@ class Parsed(Generic[T]):
         return self.error is None
 
     @classmethod
-    def success(cls, value: T) -> "Parsed[T]":
+    def success(cls, value: T) -> Parsed[T]:
         return cls(value=value)
 
     @classmethod
-    def fail(cls, error: ErrorKind, message: str = "") -> "Parsed[T]":
+    def fail(cls, error: ErrorKind, message: str = "") -> Parsed[T]:
         return cls(error=error, message=message[:300])
 
 

@@ -28,7 +28,7 @@ class PointScores:
 
     @property
     def correct(self) -> bool:
-        return self.error is None and self.chosen is not None and self.rejected is not None and self.chosen > self.rejected
+        return self.error is None and self.margin is not None and self.margin > 0
 
     @property
     def tie(self) -> bool:

@@ -2,9 +2,10 @@
 
 The prompt is the ``scalar_rm`` template as the user turn and the answer as the assistant turn, through the
 tokenizer's chat template (plain ``prompt\\n\\nanswer`` when it has none). Inputs longer than ``max_length``
-tokens lose tokens from the left of the user block first, so the question and the answer are kept; only if
-they alone are too long is the rest cut from the left. Scoring is batched, in eval mode under ``no_grad``, and
-deterministic (a sequence's score does not depend on the batch it is in, up to float rounding).
+tokens (capped by the model's position table) lose tokens from the left of the user block first, so the question
+and the answer are kept; only if they alone are too long is the rest cut from the left. Scoring is batched, in
+eval mode under ``no_grad``, and deterministic (a sequence's score does not depend on the batch it is in, up to
+float rounding: CPU kernels differ by ~1e-8 between batch rows).
 """
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ class ScalarRM:
             self.model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch_dtype)
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.model.to(self.device).eval()
+        # Never past what the model can place: cfg.max_length (PRB: 8192) is capped by its position table.
+        positions = getattr(self.model.config, "max_position_embeddings", None)
+        self.max_length = min(cfg.max_length, positions) if positions else cfg.max_length
 
     # ------------------------------------------------------------------------------------------------------------
     # Encoding
@@ -65,10 +69,11 @@ class ScalarRM:
         """Token ids of ``rest_template`` (holding ``_SLOT`` where the block goes) with ``answer``, truncated."""
         before, after = self._split_template(rest_template, answer)
         head, body, tail = self._ids(before), self._ids(block), self._ids(after)
-        budget = self.cfg.max_length - len(head) - len(tail)
-        body = body[len(body) - budget:] if budget > 0 else []
+        budget = self.max_length - len(head) - len(tail)
+        # Posts are ranked most relevant first: when the block must shrink, its end (the least relevant) goes.
+        body = body[:budget] if budget > 0 else []
         ids = head + body + tail
-        return ids[-self.cfg.max_length:]
+        return ids[-self.max_length:]
 
     def encode_input(self, inp: RMInput, answer: str, mode: InputMode, top_k: int) -> list[int]:
         block = user_block(inp, mode, top_k)

@@ -160,7 +160,8 @@ def _parse_criteria(block: str) -> list[Criterion]:
             raise _Fail("bad_weights", f"criterion {name[:40]!r} has no weight")
         value = to_number(weight)
         if value is None or value <= 0:
-            raise _Fail("bad_weights", f"criterion {name[:40]!r} has weight {str(weight)[:40]!r} (need a positive number)")
+            raise _Fail("bad_weights",
+                        f"criterion {name[:40]!r} has weight {str(weight)[:40]!r} (need a positive number)")
         names.append(name)
         raw_weights.append(value)
         descriptions.append(" | ".join(r for r in rest if r))
@@ -205,7 +206,8 @@ def _parse_scores(block: str) -> list[CriterionScore]:
     return out
 
 
-def _align(criteria: Sequence[Criterion], scores: Sequence[CriterionScore]) -> list[tuple[Criterion, CriterionScore]] | None:
+def _align(criteria: Sequence[Criterion],
+           scores: Sequence[CriterionScore]) -> list[tuple[Criterion, CriterionScore]] | None:
     """Pair each criterion with its score line, by name (case-insensitive), else by position."""
     if not criteria or not scores:
         return None
@@ -233,7 +235,8 @@ def _scores_from_object(obj: Any, where: str) -> dict[str, float]:
             raise _Fail("missing_scores", f"{where} has no {response!r}")
         value = to_number(keyed[_key(response)])
         if value is None:
-            raise _Fail("bad_score", f"{where}: {response} = {str(keyed[_key(response)])[:40]!r} is not a finite number")
+            shown = str(keyed[_key(response)])[:40]
+            raise _Fail("bad_score", f"{where}: {response} = {shown!r} is not a finite number")
         out[response] = value
     return out
 
@@ -260,7 +263,7 @@ def _object_after(text: str, start: int, where: str) -> dict[str, float]:
         end = text.find("}", brace)
         loose = _loose_scores(text[brace:end + 1 if end >= 0 else brace + 400])
         if loose is None:
-            raise _Fail("bad_json", f"{where}: {type(exc).__name__}: {str(exc)[:80]}")
+            raise _Fail("bad_json", f"{where}: {type(exc).__name__}: {str(exc)[:80]}") from None
         obj = loose
     return _scores_from_object(obj, where)
 
@@ -327,8 +330,8 @@ def format_sec(sec: SEC) -> str:
     final = sec.final or sec.weighted_sums() or {}
     lines = ["<persona>", sec.persona.strip(), "</persona>", "<criteria>"]
     for i, c in enumerate(sec.criteria, 1):
-        parts = [f"{i}. {_field(c.name)}", f"weight: {_num(c.weight * 100)}"] + ([_field(c.description)] if c.description.strip() else [])
-        lines.append(" | ".join(parts))
+        parts = [f"{i}. {_field(c.name)}", f"weight: {_num(c.weight * 100)}"]
+        lines.append(" | ".join(parts + ([_field(c.description)] if c.description.strip() else [])))
     lines += ["</criteria>", "<scores>"]
     for i, s in enumerate(sec.scores, 1):
         parts = [f"{i}. {_field(s.name)}", f"response_1: {_num(s.response_1)}", f"response_2: {_num(s.response_2)}"]
