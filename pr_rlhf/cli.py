@@ -181,11 +181,23 @@ def run_eval_stage(recipe: Recipe):
         result = run_eval(recipe, on_stage=lambda s: console.print(f"[bold cyan]>[/] {s}", highlight=False))
     except (EvalError, ShardError) as exc:
         _fail(str(exc))
-    from rich.markdown import Markdown
-
-    console.print(Markdown(result.report.markdown.read_text()))
-    console.print(f"[green]wrote[/] {', '.join(str(p) for p in result.report.paths)}")
+    print_eval_table(result.report.summaries, title=f"{recipe.name}: {result.n_pairs} pairs")
+    console.print(f"[green]wrote[/] {', '.join(str(p) for p in result.report.paths)} (full table: "
+                  f"{result.report.markdown})")
     return result
+
+
+def print_eval_table(summaries: dict, title: str) -> None:
+    """The headline columns of the eval report; the markdown file has every column."""
+    table = Table(title=title)
+    for col, justify in (("mode/inputs", "left"), ("n", "right"), ("accuracy [95% CI]", "right"),
+                         ("ties", "right"), ("failures", "right"), ("bias", "right")):
+        table.add_column(col, justify=justify)
+    for group, s in summaries.items():
+        bias = "-" if s.get("position_bias") is None else f"{100 * s['position_bias']:.1f}"
+        table.add_row(group, str(s["n"]), f"{100 * s['accuracy']:.1f} [{100 * s['ci_low']:.1f}, "
+                      f"{100 * s['ci_high']:.1f}]", str(s["ties"]), str(s["failures"]), bias)
+    console.print(table)
 
 
 @app.command()

@@ -18,8 +18,8 @@ PROMPTS = [
 ]
 RUBRIC = [{"role": "user", "content": "Profile: likes short answers, bullet lists, and examples. " * 12
            + "Rate the answer below from 1 to 10."}]
-CANDIDATES = ["Great answer, 9/10.", "Terrible.", "", "It is fine I think, maybe a 5 out of 10 because it lacks "
-              "detail.", "T", "- one\n- two, for example!"]
+CANDIDATES = ["Great answer, 9/10.", "Terrible.", "",
+              "It is fine I think, maybe a 5 out of 10 because it lacks detail.", "T", "- one\n- two, for example!"]
 
 
 @pytest.fixture(scope="module")

@@ -73,6 +73,7 @@ def server(model_dir, tmp_path_factory):
     port = free_port()
     log_path = work / "server.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TMPDIR": str(work)}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # an in-process engine elsewhere in the session set it
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
@@ -164,8 +165,8 @@ def proxy(server):
 
 
 def engine_for(url: str, model_dir: str, **kwargs) -> OpenAIEngine:
-    defaults = dict(api_key_env=KEY_ENV, concurrency=4, timeout_s=20.0, max_retries=3, backoff_s=0.05,
-                    tokenizer_dir=model_dir)
+    defaults = {"api_key_env": KEY_ENV, "concurrency": 4, "timeout_s": 20.0, "max_retries": 3, "backoff_s": 0.05,
+                "tokenizer_dir": model_dir}
     return OpenAIEngine(url, model_dir, **{**defaults, **kwargs})
 
 

@@ -31,6 +31,14 @@ class SamplingParams:
 
 @dataclass
 class Sample:
+    """One completion. Conventions shared by every backend (the local ones agree token for token):
+
+    ``token_ids`` include the eos token when the model emitted it and the token that completed a stop string
+    (HTTP backends fill them only when the server returns them, as vLLM's does); ``text`` excludes special
+    tokens and is cut before the first stop string; ``logprobs`` are the model's raw log-probabilities of the
+    chosen tokens (temperature 1, before top-p), like vLLM's default.
+    """
+
     text: str
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None   # one per generated token when requested

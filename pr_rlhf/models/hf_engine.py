@@ -19,7 +19,13 @@ import itertools
 from typing import TYPE_CHECKING, Any
 
 from pr_rlhf.models.base import Generation, Prompt, Sample, SamplingParams
-from pr_rlhf.models.prompting import encode_continuation, encode_prompt, find_stop, load_tokenizer, replicate
+from pr_rlhf.models.prompting import (
+    encode_continuation,
+    encode_prompt,
+    find_stop,
+    load_tokenizer,
+    replicate,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -77,7 +83,7 @@ class HFEngine:
         for i, prompt in enumerate(prompts):
             try:
                 ids = encode_prompt(self.tokenizer, prompt)
-            except Exception as exc:  # a malformed prompt fails alone
+            except Exception as exc:  # noqa: BLE001 -- a malformed prompt fails alone
                 results[i] = Generation(error=f"bad prompt: {exc}")
                 continue
             if not ids or len(ids) >= self.max_model_len:
@@ -132,9 +138,8 @@ class HFEngine:
                         continue
                     tokens[r].append(tok)
                     logps[r].append(chosen_lp[r])
-                    if tok in self.eos_ids:
-                        finish[r] = "stop"
-                    elif params.stop and find_stop(self._decode(tokens[r]), params.stop) is not None:
+                    if tok in self.eos_ids or (params.stop and find_stop(self._decode(tokens[r]), params.stop)
+                                               is not None):
                         finish[r] = "stop"
                     elif len(tokens[r]) >= row_limit[r]:
                         finish[r] = "length"

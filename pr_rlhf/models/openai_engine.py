@@ -4,8 +4,11 @@
   flight; each has a timeout.
 - Connection errors, timeouts, 429 and 5xx are retried with exponential backoff and jitter (429's Retry-After
   is honoured, within limits); other 4xx are not. When a request has used up its retries on connection errors,
-  the server is taken as down for the rest of the call: requests not yet sent fail at once instead of each
-  waiting through its own retries.
+  or max(4, 2 x concurrency) connections in a row were refused with no success in between, the server is
+  taken as down for the rest of the call: requests not yet sent (and pending retries) fail at once instead of
+  each waiting through its own retries.
+- ``stats``: ``requests`` (sent), ``retries`` (extra attempts), ``failures`` (requests that failed for good,
+  including those failed fast or cut by the deadline), ``fallbacks`` (optional features dropped).
 - Optional features are tried first and dropped, for the rest of the engine's life, when the server rejects
   them with 400/422: ``n`` (then n separate requests are sent) and vLLM's ``return_token_ids``.
 - A request that still fails becomes ``Generation(error=...)``, counted in ``stats``; ``generate`` never
@@ -28,7 +31,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pr_rlhf.models.base import Generation, Prompt, Sample, SamplingParams
-from pr_rlhf.models.prompting import encode_continuation, encode_prompt, is_chat, load_tokenizer, replicate
+from pr_rlhf.models.prompting import (
+    encode_continuation,
+    encode_prompt,
+    is_chat,
+    load_tokenizer,
+    replicate,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import httpx
@@ -141,7 +150,7 @@ class OpenAIEngine:
         limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
         async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits, headers=self._headers()) as client:
             tasks = [asyncio.create_task(self._generate_one(client, call, p, params)) for p in prompts]
-            done, pending = await asyncio.wait(tasks, timeout=self.deadline_s) if tasks else (set(), set())
+            _, pending = await asyncio.wait(tasks, timeout=self.deadline_s) if tasks else (set(), set())
             for task in pending:
                 task.cancel()
             if pending:
@@ -249,7 +258,7 @@ class OpenAIEngine:
             jobs = [self._score_one(client, call, prefix, c) for c in continuations]
             try:
                 return list(await asyncio.wait_for(asyncio.gather(*jobs), timeout=self.deadline_s))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise OpenAIEngineError(f"scoring: deadline of {self.deadline_s}s exceeded") from None
 
     async def _score_one(self, client: httpx.AsyncClient, call: _Call, prefix: Prompt, continuation: str) -> float:
@@ -320,8 +329,14 @@ class OpenAIEngine:
                         continue
                     if attempt == 0:
                         self._count("requests")  # sent, not merely queued
-                    return await self._post_once(client, path, body)
+                    data = await self._post_once(client, path, body)
+                    call.refused_in_a_row = 0
+                    return data
             except _Failure as failure:
+                if failure.connection:
+                    call.refused_in_a_row += 1
+                    if call.refused_in_a_row >= max(4, 2 * self.concurrency):
+                        call.server_down = True  # nothing listens any more: stop sending
                 if not failure.retryable or attempt >= self.max_retries:
                     if failure.connection and failure.retryable:
                         call.server_down = True
@@ -381,6 +396,7 @@ class _Call:
 
     semaphore: asyncio.Semaphore
     server_down: bool = False
+    refused_in_a_row: int = 0      # connection failures with no success in between
 
 
 def _retry_after_s(value: str | None) -> float | None:

