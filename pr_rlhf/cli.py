@@ -204,13 +204,23 @@ def print_eval_table(summaries: dict, title: str) -> None:
 def quickstart(out: Path = typer.Option(Path("runs/quickstart"), "--out", "-o", help="run directory"),
                recipe: Path = typer.Option(Path("recipes/quickstart.yaml"), "--recipe", "-r"),
                overrides: Optional[List[str]] = OverridesOpt) -> None:
-    """The main job on the embedded default: build the synthetic persona world's shards and summarize them."""
-    resolved = _recipe(recipe if recipe.exists() else None, list(overrides or []) + [f"data.out={out / 'data'}"])
+    """The main job on the embedded default (local, CPU, no network): the synthetic persona world's shards,
+    then every reward-model evaluation mode on them with the tiny models."""
+    placed = [f"data.out={json.dumps(str(out / 'data'))}", f"eval.shards={json.dumps(str(out / 'data'))}",
+              f"eval.out={json.dumps(str(out / 'eval'))}"]
+    resolved = _recipe(recipe if recipe.exists() else None, placed + list(overrides or []))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "recipe.yaml").write_text(dump_recipe(resolved))
     console.rule(f"[bold]pr-rlhf quickstart[/] -> {out}")
+    console.rule("1. data: the synthetic persona world -> Arrow shards")
     report = run_data_build(resolved.data, resolved)
     print_build_report(report)
-    (out / "recipe.yaml").write_text(dump_recipe(resolved))
-    console.print(f"[green]done[/] shards in {report.out_dir}; inspect with `pr-rlhf data inspect {report.out_dir}`")
+    console.rule("2. reward models on held-out pairs (base models: untrained, expect ~50% or parse failures)")
+    result = run_eval_stage(resolved)
+    console.rule("[bold green]done")
+    console.print(f"shards: {report.out_dir} (inspect: `pr-rlhf data inspect {report.out_dir}`)\n"
+                  f"eval:   {result.run_dir} (report.md, accuracy.png, predictions.parquet; mlflow: "
+                  f"{result.run_dir / 'mlflow.db'})", highlight=False)
 
 
 def main() -> None:

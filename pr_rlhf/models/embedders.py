@@ -60,11 +60,9 @@ def _offline() -> None:
     # path can never turn into a download attempt.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    # A weight-loading bar per model would interleave with the pipeline's own progress bars.
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from transformers.utils import logging as hf_logging
+    from pr_rlhf.models.sources import quiet_hf_loading
 
-    hf_logging.disable_progress_bar()
+    quiet_hf_loading()
 
 
 def model_fingerprint(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

@@ -18,6 +18,7 @@ import dataclasses
 import itertools
 from typing import TYPE_CHECKING, Any
 
+from pr_rlhf.models.sources import quiet_hf_loading
 from pr_rlhf.models.base import Generation, Prompt, Sample, SamplingParams
 from pr_rlhf.models.prompting import (
     encode_continuation,
@@ -53,6 +54,7 @@ class HFEngine:
         self.seed = seed
         self.max_batch_sequences = max_batch_sequences  # prompts x n decoded together
         self.share_prefix = share_prefix  # False only to measure or test against the n-copies prefill
+        quiet_hf_loading()
         self.tokenizer = load_tokenizer(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_torch_dtype(dtype),
                                                           attn_implementation="sdpa").to(self.device).eval()

@@ -25,6 +25,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+
+def quiet_hf_loading() -> None:
+    """Silence transformers' per-model loading bars and load reports (a fresh score head is expected here):
+    they would interleave with the pipeline's own progress output."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
 # Bump when a builder's output changes for the same spec, so stale caches are not reused.
 TINY_BUILDER_VERSION = "tiny-v1"
 SMOLLM2_BUILDER_VERSION = "smollm2-v1"

@@ -26,11 +26,12 @@ class ScalarRM:
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        from pr_rlhf.models.sources import resolve_model
+        from pr_rlhf.models.sources import quiet_hf_loading, resolve_model
 
         self.cfg = cfg
         self.device = torch.device(device)
         path = resolve_model(cfg.model)
+        quiet_hf_loading()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
