@@ -3,7 +3,6 @@ so `--help` and recipe validation answer fast; heavy modules load inside the com
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import List, Optional
 

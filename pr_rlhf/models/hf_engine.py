@@ -23,6 +23,7 @@ from pr_rlhf.models.base import Generation, Prompt, Sample, SamplingParams
 from pr_rlhf.models.prompting import (
     encode_continuation,
     encode_prompt,
+    encode_prompts,
     find_stop,
     load_tokenizer,
     replicate,
@@ -80,19 +81,7 @@ class HFEngine:
     # -- generation ------------------------------------------------------------------------------------------
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
         call_seed = params.seed if params.seed is not None else self.seed * 1_000_003 + next(self._calls)
-        results: list[Generation | None] = [None] * len(prompts)
-        encoded: list[tuple[int, list[int]]] = []
-        for i, prompt in enumerate(prompts):
-            try:
-                ids = encode_prompt(self.tokenizer, prompt)
-            except Exception as exc:  # noqa: BLE001 -- a malformed prompt fails alone
-                results[i] = Generation(error=f"bad prompt: {exc}")
-                continue
-            if not ids or len(ids) >= self.max_model_len:
-                results[i] = Generation(prompt_token_ids=ids, error=f"prompt has {len(ids)} tokens; the model "
-                                        f"accepts 1..{self.max_model_len - 1}")
-                continue
-            encoded.append((i, ids))
+        results, encoded = encode_prompts(self.tokenizer, prompts, self.max_model_len)
         # Similar lengths together: less padding. Results go back to their prompt's slot.
         encoded.sort(key=lambda item: len(item[1]))
         # Greedy samples are all the same: decode once, copy (as the vllm backend must).

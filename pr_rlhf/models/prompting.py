@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pr_rlhf.models.base import Prompt, Sample
+from pr_rlhf.models.base import Generation, Prompt, Sample
 
 
 def load_tokenizer(model_dir: str) -> Any:
@@ -37,6 +37,26 @@ def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
     if not isinstance(prompt, str):
         raise TypeError(f"a prompt is a string or a list of messages, got {type(prompt).__name__}")
     return list(tokenizer(prompt).input_ids)
+
+
+def encode_prompts(tokenizer: Any, prompts: list[Prompt], max_model_len: int
+                   ) -> tuple[list[Generation | None], list[tuple[int, list[int]]]]:
+    """Token ids of each prompt that fits the model, and a failed Generation in the slot of each one that does not
+    (a malformed or too-long prompt fails alone instead of failing the whole batch)."""
+    results: list[Generation | None] = [None] * len(prompts)
+    encoded: list[tuple[int, list[int]]] = []
+    for i, prompt in enumerate(prompts):
+        try:
+            ids = encode_prompt(tokenizer, prompt)
+        except Exception as exc:  # noqa: BLE001 -- a malformed prompt fails alone
+            results[i] = Generation(error=f"bad prompt: {exc}")
+            continue
+        if not ids or len(ids) >= max_model_len:
+            results[i] = Generation(prompt_token_ids=ids, error=f"prompt has {len(ids)} tokens; the model "
+                                    f"accepts 1..{max_model_len - 1}")
+            continue
+        encoded.append((i, ids))
+    return results, encoded
 
 
 def encode_continuation(tokenizer: Any, text: str) -> list[int]:

@@ -24,6 +24,7 @@ from pr_rlhf.models.base import Generation, Prompt, Sample, SamplingParams
 from pr_rlhf.models.prompting import (
     encode_continuation,
     encode_prompt,
+    encode_prompts,
     load_tokenizer,
     replicate,
 )
@@ -94,20 +95,8 @@ class VLLMEngine:
         from vllm import SamplingParams as VLLMParams
         from vllm.inputs import TokensPrompt
 
-        results: list[Generation | None] = [None] * len(prompts)
-        todo: list[tuple[int, list[int]]] = []
-        for i, prompt in enumerate(prompts):
-            try:
-                ids = encode_prompt(self.tokenizer, prompt)
-            except Exception as exc:  # noqa: BLE001 -- a malformed prompt fails alone
-                results[i] = Generation(error=f"bad prompt: {exc}")
-                continue
-            # vLLM rejects the whole batch when one prompt is too long: check each one here.
-            if not ids or len(ids) >= self.max_model_len:
-                results[i] = Generation(prompt_token_ids=ids, error=f"prompt has {len(ids)} tokens; the model "
-                                        f"accepts 1..{self.max_model_len - 1}")
-                continue
-            todo.append((i, ids))
+        # vLLM rejects the whole batch when one prompt is too long: each one is checked first.
+        results, todo = encode_prompts(self.tokenizer, prompts, self.max_model_len)
         if todo:
             requests = [TokensPrompt(prompt_token_ids=ids) for _, ids in todo]
             # Greedy samples are all the same (and vLLM refuses n > 1 with greedy): decode once, copy.
