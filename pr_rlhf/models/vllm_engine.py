@@ -18,6 +18,7 @@ import ctypes
 import logging
 import os
 import platform
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from pr_rlhf.models.base import Generation, Prompt, Sample, SamplingParams
@@ -180,6 +181,14 @@ class VLLMEngine:
             self.uncached_rescores += len(redo)
             sums.update(self._prompt_logprob_sums(prefix_ids, redo, read_cache=False))
         return sums
+
+    # -- weights ---------------------------------------------------------------------------------------------
+    def load_weights(self, state_dict: Mapping[str, Any]) -> None:
+        """Reload weights in place (RL weight sync; HF parameter names), then drop the prefix cache: its KV
+        blocks were computed with the old weights. On CPU this needs the in-process engine
+        (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by the constructor)."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state_dict.items())})
+        self.llm.reset_prefix_cache()
 
     def close(self) -> None:
         import gc

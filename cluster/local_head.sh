@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# A private Ray cluster on 127.0.0.1 for `ray job submit` on one machine (laptop, CI). Only the cluster started
+# here is ever stopped: its processes are found by its own temp dir, never with `ray stop` (which stops every Ray
+# on the machine).
+#
+#   cluster/local_head.sh start TEMP_DIR [--worker]   # prints the job-submission address (head) and exits
+#   cluster/local_head.sh stop  TEMP_DIR
+#
+# Environment: RAY_PORT (GCS, default 6390), RAY_DASHBOARD_PORT (default 8265), RAY_NUM_CPUS (default nproc),
+# RAY_RESOURCES (JSON custom resources, e.g. '{"learner": 1}'), RAY_HEAD_ADDRESS (for --worker),
+# RAY_BIN (default .venv/bin/ray). Auth: RAY_AUTH_MODE=disabled unless set (loopback-only local clusters);
+# on shared machines use RAY_AUTH_MODE=token on both sides.
+set -euo pipefail
+cmd=${1:?usage: local_head.sh start|stop TEMP_DIR [--worker]}
+temp_dir=$(mkdir -p "${2:?TEMP_DIR required}" && cd "$2" && pwd)
+role=${3:-}
+here=$(cd "$(dirname "$0")" && pwd)
+ray_bin=${RAY_BIN:-$here/../.venv/bin/ray}
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0        # every listener on 127.0.0.1
+export PATH="$(cd "$(dirname "$ray_bin")" && pwd):$PATH"  # jobs' `python` is the environment's python
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
+port=${RAY_PORT:-6390}
+dash=${RAY_DASHBOARD_PORT:-8265}
+cpus=${RAY_NUM_CPUS:-$(nproc)}
+resources=${RAY_RESOURCES:-"{}"}
+
+cluster_pids() {
+  # Every Ray process of this cluster names its session folder inside the temp dir on its command line.
+  ps -eo pid=,args= | grep -F -- "$temp_dir/session_" | grep -v -F -- "grep -F" | awk '{print $1}' || true
+}
+
+case "$cmd" in
+  start)
+    if [ "$role" = "--worker" ]; then
+      "$ray_bin" start --address "${RAY_HEAD_ADDRESS:-127.0.0.1:$port}" --node-ip-address 127.0.0.1 \
+        --temp-dir "$temp_dir" --num-cpus "$cpus" --resources "$resources" --disable-usage-stats \
+        >"$temp_dir/start-worker.log" 2>&1
+    else
+      "$ray_bin" start --head --node-ip-address 127.0.0.1 --port "$port" --temp-dir "$temp_dir" \
+        --dashboard-host 127.0.0.1 --dashboard-port "$dash" --num-cpus "$cpus" --resources "$resources" \
+        --disable-usage-stats >"$temp_dir/start-head.log" 2>&1
+      echo "http://127.0.0.1:$dash"
+    fi
+    ;;
+  stop)
+    pids=$(cluster_pids)
+    [ -n "$pids" ] && kill -TERM $pids 2>/dev/null || true
+    for _ in $(seq 1 20); do
+      [ -z "$(cluster_pids)" ] && break
+      sleep 0.5
+    done
+    pids=$(cluster_pids)
+    [ -n "$pids" ] && kill -KILL $pids 2>/dev/null || true
+    rm -f "$temp_dir/ray_current_cluster"
+    ;;
+  *) echo "usage: local_head.sh start|stop TEMP_DIR [--worker]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,22 @@
+"""The Ray cluster of a test session: started once, on loopback, in a private temp dir, shut down at the end.
+
+Use it from a test module that needs Ray with::
+
+    from tests.ray_fixtures import ray_cluster  # noqa: F401
+
+Several modules importing it still get one cluster: ``init_local_ray`` is a no-op while Ray is up and the
+shutdown runs once, at the end of the session. 4 logical CPUs, so that several 0.25-1 CPU actors fit on a 2-core
+machine.
+"""
+import pytest
+
+from workers.ray_utils import init_local_ray, shutdown_local_ray
+
+RAY_TEST_CPUS = 4
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    state = init_local_ray(num_cpus=RAY_TEST_CPUS)
+    yield state
+    shutdown_local_ray()

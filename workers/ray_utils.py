@@ -1,0 +1,140 @@
+"""One place to start or join Ray safely.
+
+- :func:`init_local_ray` starts a private single-node cluster: every listener on 127.0.0.1
+  (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``), its temp dir (sockets, logs, spilled objects) in a private folder
+  under the repository's ``.ray_tmp/`` (or a given one) instead of ``/tmp/ray``, no dashboard unless asked, no
+  usage-stats reporting. ``address="local"`` is passed so that it never attaches to some other cluster found
+  through ``RAY_ADDRESS`` or a stale ``ray_current_cluster`` file. Calling it again while Ray is up is a no-op.
+- :func:`init_ray` joins an existing cluster when given an address (or ``RAY_ADDRESS`` is set: the case of
+  ``ray job submit``), else starts a local one as above.
+- :func:`shutdown_local_ray` stops what :func:`init_local_ray` started and removes its private temp dir.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_TEMP_ROOT = REPO_ROOT / ".ray_tmp"
+# Unix socket paths are limited to 107 bytes; Ray appends up to ~63 characters
+# ("/session_2026-01-01_00-00-00_000000_1234567/sockets/plasma_store") to its temp dir.
+MAX_TEMP_DIR_CHARS = 44
+DEFAULT_OBJECT_STORE_BYTES = 1 << 30  # plenty for tiny/small models; Ray's default takes 30% of RAM
+
+
+@dataclass
+class LocalRay:
+    """What :func:`init_local_ray` set up (``started`` is False when Ray was already running)."""
+
+    temp_dir: str | None
+    started: bool
+    owns_temp_dir: bool = False
+
+
+_STATE: LocalRay | None = None
+
+
+def loopback_env() -> None:
+    """Environment that keeps Ray on loopback and quiet; effective for processes Ray starts from here on."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _loopback_constants() -> None:
+    """``ray_constants`` reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once, at import: if Ray was imported before
+    the variable was set, set the constant itself (``services.get_node_ip_address`` reads it per call)."""
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def _private_temp_dir(temp_dir: str | os.PathLike | None) -> tuple[str, bool]:
+    if temp_dir is not None:
+        path = Path(temp_dir).resolve()
+        path.mkdir(parents=True, exist_ok=True)
+        return str(path), False
+    DEFAULT_TEMP_ROOT.mkdir(parents=True, exist_ok=True)
+    root = str(DEFAULT_TEMP_ROOT)
+    if len(root) + len("/ray-xxxxxxxx") > MAX_TEMP_DIR_CHARS:  # a deep checkout: socket paths would not fit
+        root = os.environ.get("TMPDIR") or "/tmp"
+    return tempfile.mkdtemp(prefix="ray-", dir=root), True
+
+
+def init_local_ray(num_cpus: float | None = None, temp_dir: str | os.PathLike | None = None, *,
+                   include_dashboard: bool = False, object_store_memory: int | None = DEFAULT_OBJECT_STORE_BYTES,
+                   num_gpus: float | None = None, **init_kwargs: Any) -> LocalRay:
+    """Start a private local Ray (loopback only), or return at once when Ray is already initialized.
+
+    ``temp_dir``: Ray's temp dir; default a fresh ``.ray_tmp/ray-XXXX`` under the repository (removed by
+    :func:`shutdown_local_ray`). ``num_cpus`` are logical: more than the cores lets several small actors share
+    them. Ray's processes also get ``TMPDIR`` pointing inside the temp dir (vLLM and torch write there), without
+    changing this process's own ``TMPDIR``.
+    """
+    global _STATE
+    loopback_env()
+    import ray
+
+    _loopback_constants()
+    if ray.is_initialized():
+        return _STATE if _STATE is not None else LocalRay(temp_dir=None, started=False)
+    path, owned = _private_temp_dir(temp_dir)
+    scratch = Path(path) / "tmp"
+    scratch.mkdir(exist_ok=True)
+    kwargs: dict[str, Any] = dict(address="local", num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=path,
+                                  include_dashboard=include_dashboard, object_store_memory=object_store_memory,
+                                  configure_logging=True, logging_level="WARNING")
+    if include_dashboard:
+        kwargs["dashboard_host"] = "127.0.0.1"
+    kwargs.update(init_kwargs)
+    saved = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(scratch)  # inherited by the raylet, hence by every worker process
+    try:
+        ray.init(**kwargs)
+    except BaseException:
+        if owned:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+    finally:
+        if saved is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved
+    _STATE = LocalRay(temp_dir=path, started=True, owns_temp_dir=owned)
+    return _STATE
+
+
+def init_ray(address: str | None = None, **local_kwargs: Any) -> LocalRay:
+    """Join the cluster at ``address`` (or ``$RAY_ADDRESS``, e.g. under ``ray job submit``); with neither, start
+    a private local one with :func:`init_local_ray`."""
+    global _STATE
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None or address == "local":
+        return init_local_ray(**local_kwargs)
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, logging_level="WARNING")
+        _STATE = LocalRay(temp_dir=None, started=False)
+    return _STATE or LocalRay(temp_dir=None, started=False)
+
+
+def shutdown_local_ray(remove_temp_dir: bool = True) -> None:
+    """Stop the Ray that :func:`init_local_ray` started here (only that one: never ``ray stop``), then remove its
+    private temp dir (or, for a caller-given dir, only the ``ray_current_cluster`` marker)."""
+    global _STATE
+    import ray
+
+    state, _STATE = _STATE, None
+    if ray.is_initialized():
+        ray.shutdown()
+    if state is None or not state.started or state.temp_dir is None:
+        return
+    if state.owns_temp_dir and remove_temp_dir:
+        shutil.rmtree(state.temp_dir, ignore_errors=True)
+    else:
+        Path(state.temp_dir, "ray_current_cluster").unlink(missing_ok=True)
