@@ -30,7 +30,7 @@ $(STAMP): setup.py constraints.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade "pip>=24" $(QUIET_PIP)
 	$(PIP) install -q $(TORCH_INDEX_FLAG) "$(TORCH_SPEC)" $(QUIET_PIP)
-	$(PIP) install -q -c constraints.txt -e ".[cpu,dev]" $(QUIET_PIP)
+	$(PIP) install -q -c constraints.txt -e ".[cpu,dev,bench]" $(QUIET_PIP)
 	$(PIP) install -q -c constraints.txt gguf $(QUIET_PIP)
 	# verl (tests only: golden comparisons against verl.trainer.ppo.core_algos); --no-deps and no constraints, since verl pins an older transformers.
 	$(PIP) install -q --no-deps verl==0.9.1 tensordict==0.10.0 codetiming hydra-core omegaconf antlr4-python3-runtime==4.9.3 pyvers orjson $(QUIET_PIP)

@@ -32,6 +32,8 @@ EXTRAS = {
     "gpu": ["vllm>=0.8", "flash-attn", "deepspeed"],
     # verl itself pins an older transformers; CI installs it with --no-deps for the golden algorithm tests.
     "verl": ["verl==0.9.1"],
+    # TRL runs beside our GRPO in bench/grpo_throughput.py (same model, prompts and lengths).
+    "bench": ["trl==1.16.0"],
     "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff", "hypothesis>=6", "bm25s>=0.2"],  # bm25s: reference for our BM25
 }
 

@@ -4,6 +4,9 @@ Use it from a test module that needs Ray with::
 
     from tests.ray_fixtures import ray_cluster  # noqa: F401
 
+(``tests`` is a package of ours: verl's wheel ships a top-level ``tests`` package into site-packages, and pytest's
+rootdir insertion puts this repository's first on sys.path.)
+
 Several modules importing it still get one cluster: ``init_local_ray`` is a no-op while Ray is up and the
 shutdown runs once, at the end of the session. 4 logical CPUs, so that several 0.25-1 CPU actors fit on a 2-core
 machine.

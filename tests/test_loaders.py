@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-import fixtures_raw as fx
+import tests.fixtures_raw as fx
 from data_pipelines import lamp_qa, personal_rewardbench, prb, raw_io
 from pr_rlhf.records import InvalidRecordError, SourceOutput, to_row
 

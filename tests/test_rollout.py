@@ -4,11 +4,11 @@ that of an HF model loaded from those weights on disk."""
 import shutil
 
 import pytest
+from tests.ray_fixtures import ray_cluster  # noqa: F401  (a session-wide Ray cluster)
 
 from pr_rlhf.config import EngineConfig
 from pr_rlhf.models import SamplingParams
 from pr_rlhf.models.sources import resolve_model
-from ray_fixtures import ray_cluster  # noqa: F401  (tests/ is on sys.path; see ray_fixtures.py)
 from workers.rollout import RolloutWorker, spawn_rollout_worker
 
 ray = pytest.importorskip("ray")
@@ -30,7 +30,10 @@ def engine_cfg(backend: str, model: str = "tiny") -> EngineConfig:
 def rollouts(ray_cluster):  # noqa: F811
     actors = {
         "hf": spawn_rollout_worker(engine_cfg("hf"), num_cpus=0.5),
-        "vllm": spawn_rollout_worker(engine_cfg("vllm"), num_cpus=1, env={"VLLM_CPU_KVCACHE_SPACE": "1"}),
+        # TORCH_COMPILE_DISABLE: vLLM compiles its logprob-rank kernel on the first logprobs request (7-16 s on
+        # CPU); eager is as exact and instant for a tiny model.
+        "vllm": spawn_rollout_worker(engine_cfg("vllm"), num_cpus=1,
+                                     env={"VLLM_CPU_KVCACHE_SPACE": "1", "TORCH_COMPILE_DISABLE": "1"}),
     }
     ray.get([a.ready.remote() for a in actors.values()], timeout=600)
     yield actors
@@ -88,7 +91,7 @@ def test_load_weights_then_greedy_equals_hf_holding_those_weights(rollouts, pert
     before = {name: greedy(actor) for name, actor in rollouts.items()}
     versions = {name: ray.get(actor.get_weights_version.remote()) for name, actor in rollouts.items()}
     ref = ray.put(state)
-    new_versions = ray.get({n: a.load_weights.remote(ref) for n, a in rollouts.items()}.values(), timeout=300)
+    new_versions = ray.get([a.load_weights.remote(ref) for a in rollouts.values()], timeout=300)
     assert new_versions == [versions[n] + 1 for n in rollouts]
     for name, actor in rollouts.items():
         after = greedy(actor)  # the same prompts as before: a stale prefix cache would show here
@@ -105,3 +108,19 @@ def test_load_weights_then_greedy_equals_hf_holding_those_weights(rollouts, pert
 def test_rollout_worker_rejects_http_backend():
     with pytest.raises(ValueError, match="local engine"):
         RolloutWorker(EngineConfig(backend="openai", model="x"))
+
+
+def test_hf_load_weights_rejects_a_state_dict_of_another_model(perturbed):
+    from pr_rlhf.models.hf_engine import HFEngine
+
+    state, model_dir = perturbed
+    engine = HFEngine(model_dir, max_model_len=MAX_LEN)
+    try:
+        engine.load_weights({k: v for k, v in state.items() if k != "lm_head.weight"})  # tied: may be left out
+        bad = {k: v for k, v in state.items() if "layers.1." not in k}
+        with pytest.raises(ValueError, match="missing"):
+            engine.load_weights(bad)
+        with pytest.raises(ValueError, match="unexpected"):
+            engine.load_weights({**state, "model.layers.9.mlp.up_proj.weight": state["model.norm.weight"]})
+    finally:
+        engine.close()

@@ -22,9 +22,11 @@ Required by every method:
 ``prompt_ids``      ragged ``list[list[int]]`` (or 1-D tensors), or a LongTensor ``[B, P]`` with ``prompt_mask``
                     ``[B, P]`` (1 on real tokens; any padding side). Every prompt needs at least one token.
 ``response_ids``    ragged ``list[list[int]]``, or a LongTensor ``[B, T]`` right-padded with ``response_mask``.
-``response_mask``   optional for ragged input (all ones). ``[B, T]``: 1 on response tokens that count in the losses.
-                    A response extends to its last 1; zeros *inside* it keep the token in the context but out of
-                    the losses (e.g. tool output in a multi-turn rollout).
+``response_mask``   optional (default: every response token). 1 on the response tokens that count in the losses;
+                    a 0 keeps the token in the context but out of the losses (e.g. tool output in a multi-turn
+                    rollout). Ragged input: a ragged mask, the response is its full list. Tensor input: the
+                    response ends at the last 1 of its mask, unless ``response_attention_mask`` ``[B, T]`` (1 on
+                    every present token) says otherwise.
 
 Per-token fields (ragged lists of per-response-token floats, or ``[B, T]`` tensors aligned with
 ``response_ids``' columns):
@@ -37,8 +39,28 @@ Per-token fields (ragged lists of per-response-token floats, or ``[B, T]`` tenso
 
 Outputs of ``compute_logprobs`` / ``compute_ref_logprobs`` / ``compute_values`` are float32 ``[B, T]`` CPU
 tensors, right-padded like the input responses (the width of a tensor input is kept; ragged input gives
-``T = max response length``), 0 after each response. ``logprob[i, t] = log pi(response[i, t] | prompt_i,
-response[i, :t]) `` (logits divided by ``temperature``); ``values[i, t]`` is the critic's value of that same state.
+``T = max response length``), 0 after each response. ``logprob[i, t] = log pi(response[i, t] | prompt_i +
+response[i, :t])`` (logits divided by ``temperature``); ``values[i, t] = V(prompt_i + response[i, :t])``.
+
+Updates
+=======
+
+``update_policy`` / ``update_critic`` run ``ppo_epochs`` passes over the mini-batches (``mini_batch_size`` global
+samples, in batch order; ``LearnerGroup`` splits each one across the ranks), one AdamW step per mini-batch, with
+gradients accumulated over micro-batches. Each micro-batch loss is normalized by the *global* mini-batch token
+(or sequence) count times the number of ranks (``pr_rlhf.algos.GlobalBatchInfo``), so a step is the same whatever
+the world size or micro-batch size. A rank with fewer micro-batches runs zero-weight stand-ins so every FSDP
+collective is matched. Gradients are clipped with ``clip_grad_norm_``; a step with a non-finite norm is skipped.
+
+Checkpoints (``save_checkpoint(dir, step, data_position)``)
+===========================================================
+
+``dir/policy/``: ``model.safetensors`` (full weights; tied tensors once) + the model's config and tokenizer files,
+i.e. an HF model directory, and ``optimizer.pt`` (the full AdamW state keyed by parameter name, tensors and
+numbers only: ``torch.load(..., weights_only=True)``); ``dir/critic/`` likewise (weights + optimizer);
+``dir/rng/rank_<r>.pt`` (torch / numpy / python ``random`` / CUDA RNG states); ``dir/meta.json`` written last
+(step, data_position, world size, counters, config): a folder without it is incomplete. Full (unsharded) state
+dicts make a checkpoint loadable at any world size. Same seed + same data => bitwise the same weights (CPU).
 """
 from __future__ import annotations
 
@@ -50,9 +72,10 @@ import random
 import shutil
 import socket
 import time
-from contextlib import nullcontext
+from collections.abc import Mapping, Sequence
+from contextlib import nullcontext, suppress
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -60,6 +83,9 @@ import torch.distributed as dist
 from torch import nn
 
 from pr_rlhf.train.config import LearnerConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Self
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +112,20 @@ def _rows(value: Any) -> list[list[Any]]:
     return [list(r.tolist()) if isinstance(r, torch.Tensor) else list(r) for r in value]
 
 
+def _pad_ragged(rows: list[list[Any]], width: int, left: bool, fill: Any, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.full((len(rows), width), fill, dtype=dtype)
+    for i, row in enumerate(rows):
+        if row:
+            if len(row) > width:
+                raise ValueError(f"row {i}: {len(row)} values do not fit width {width}")
+            values = torch.as_tensor(row, dtype=dtype)
+            if left:
+                out[i, width - len(row):] = values
+            else:
+                out[i, :len(row)] = values
+    return out
+
+
 def collate(batch: Mapping[str, Any], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
     """Normalize a batch (see the module docstring) to the canonical padded layout used by the workers:
 
@@ -96,75 +136,79 @@ def collate(batch: Mapping[str, Any], pad_token_id: int = 0) -> dict[str, torch.
     """
     if "prompt_ids" not in batch or "response_ids" not in batch:
         raise KeyError(f"a learner batch needs 'prompt_ids' and 'response_ids'; got keys {sorted(batch)}")
-    # ---- prompts: keep the masked tokens, left-pad
+    # ---- prompts: keep the masked tokens in order, left-padded
     p_in = batch["prompt_ids"]
-    p_rows = _rows(p_in)
-    n = len(p_rows)
     if isinstance(p_in, torch.Tensor):
+        if p_in.dim() != 2:
+            raise ValueError(f"prompt_ids: expected [B, P], got shape {tuple(p_in.shape)}")
         p_mask = batch.get("prompt_mask")
-        p_mask_rows = _rows(p_mask) if p_mask is not None else [[1] * len(r) for r in p_rows]
-        prompts = [[t for t, m in zip(r, mr) if m] for r, mr in zip(p_rows, p_mask_rows)]
-        width_p = p_in.shape[1]
+        p_mask = torch.ones_like(p_in) if p_mask is None else torch.as_tensor(p_mask).to(torch.long).ne(0).long()
+        order = torch.sort(p_mask, dim=1, stable=True).indices  # pads first, tokens keep their order
+        prompt_mask = p_mask.gather(1, order)
+        prompt_ids = torch.where(prompt_mask.bool(), p_in.long().gather(1, order), pad_token_id)
     else:
-        prompts = p_rows
-        width_p = max((len(r) for r in prompts), default=1)
-    if any(len(r) == 0 for r in prompts):
+        rows = _rows(p_in)
+        width = max((len(r) for r in rows), default=1)
+        prompt_ids = _pad_ragged(rows, width, True, pad_token_id, torch.long)
+        prompt_mask = _pad_ragged([[1] * len(r) for r in rows], width, True, 0, torch.long)
+    n = prompt_ids.shape[0]
+    if n and bool((prompt_mask.sum(-1) == 0).any()):
         raise ValueError("every prompt needs at least one token (the first response token is predicted from the "
                          "last prompt token)")
-    # ---- responses: right-padded; the response extends to the last 1 of its mask
+    # ---- responses: right-padded; a response extends to the last 1 of its mask (or of response_attention_mask)
     r_in = batch["response_ids"]
-    r_rows = _rows(r_in)
-    if len(r_rows) != n:
-        raise ValueError(f"prompt_ids has {n} rows but response_ids has {len(r_rows)}")
     r_mask_in = batch.get("response_mask")
-    r_mask_rows = _rows(r_mask_in) if r_mask_in is not None else [[1] * len(r) for r in r_rows]
-    attn_in = batch.get("response_attention_mask")
-    if attn_in is not None:
-        lengths = [int(sum(1 for m in row if m)) for row in _rows(attn_in)]
-    elif isinstance(r_in, torch.Tensor):
-        lengths = [max((i + 1 for i, m in enumerate(mr) if m), default=0) for mr in r_mask_rows]
+    if isinstance(r_in, torch.Tensor):
+        if r_in.dim() != 2:
+            raise ValueError(f"response_ids: expected [B, T], got shape {tuple(r_in.shape)}")
+        width_t = max(int(r_in.shape[1]), 1)
+        r_ids = torch.nn.functional.pad(r_in.long(), (0, width_t - r_in.shape[1]), value=pad_token_id)
+        r_mask = torch.ones_like(r_ids, dtype=torch.float32) if r_mask_in is None else \
+            torch.nn.functional.pad(torch.as_tensor(r_mask_in).ne(0).float(), (0, width_t - r_in.shape[1]))
+        presence = r_mask  # a padded tensor: the response ends at the last 1 of its mask
     else:
-        lengths = [len(r) for r in r_rows]
-    width_t = r_in.shape[1] if isinstance(r_in, torch.Tensor) else max(lengths, default=0)
-    width_t = max(width_t, 1)
-    prompt_ids = torch.full((n, width_p), pad_token_id, dtype=torch.long)
-    prompt_mask = torch.zeros((n, width_p), dtype=torch.long)
-    response_ids = torch.full((n, width_t), pad_token_id, dtype=torch.long)
-    response_attn = torch.zeros((n, width_t), dtype=torch.long)
-    response_mask = torch.zeros((n, width_t), dtype=torch.float32)
-    for i in range(n):
-        p = prompts[i]
-        if len(p) > width_p:
-            raise ValueError(f"row {i}: {len(p)} prompt tokens do not fit width {width_p}")
-        if len(p):
-            prompt_ids[i, width_p - len(p):] = torch.tensor(p, dtype=torch.long)
-            prompt_mask[i, width_p - len(p):] = 1
-        k = lengths[i]
-        if k:
-            response_ids[i, :k] = torch.tensor(r_rows[i][:k], dtype=torch.long)
-            response_attn[i, :k] = 1
-            response_mask[i, :k] = torch.tensor([float(bool(m)) for m in r_mask_rows[i][:k]])
-    out = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "response_ids": response_ids,
-           "response_attention_mask": response_attn, "response_mask": response_mask}
+        rows = _rows(r_in)
+        width_t = max(max((len(r) for r in rows), default=0), 1)
+        r_ids = _pad_ragged(rows, width_t, False, pad_token_id, torch.long)
+        r_mask = _pad_ragged([[1.0] * len(r) for r in rows], width_t, False, 0.0, torch.float32) \
+            if r_mask_in is None else _pad_ragged([[float(bool(m)) for m in r] for r in _rows(r_mask_in)],
+                                                  width_t, False, 0.0, torch.float32)
+        presence = _pad_ragged([[1.0] * len(r) for r in rows], width_t, False, 0.0, torch.float32)
+    if r_ids.shape[0] != n:
+        raise ValueError(f"prompt_ids has {n} rows but response_ids has {r_ids.shape[0]}")
+    attn_in = batch.get("response_attention_mask")
+    presence = presence if attn_in is None else (
+        torch.as_tensor(attn_in) if isinstance(attn_in, torch.Tensor) else
+        _pad_ragged(_rows(attn_in), width_t, False, 0, torch.long)).ne(0).float()
+    positions = torch.arange(1, width_t + 1)
+    lengths = (presence[:, :width_t] * positions).amax(-1).long() if n else torch.zeros(0, dtype=torch.long)
+    response_attn = (positions[None, :] <= lengths[:, None]).long()
+    out = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
+           "response_ids": torch.where(response_attn.bool(), r_ids, pad_token_id),
+           "response_attention_mask": response_attn, "response_mask": r_mask * response_attn}
+    # ---- per-token fields, aligned with the response columns
     for name in PER_TOKEN_FIELDS:
         value = batch.get(name)
         if value is None:
             continue
-        dense = torch.zeros((n, width_t), dtype=torch.float32)
         if name in SEQUENCE_BROADCAST_FIELDS and _is_per_sequence(value, n):
-            seq = torch.as_tensor(value, dtype=torch.float32).reshape(n)
-            dense = seq[:, None].expand(n, width_t).clone()
+            dense = torch.as_tensor(value, dtype=torch.float32).reshape(n)[:, None].expand(n, width_t)
+        elif isinstance(value, torch.Tensor):
+            if value.dim() != 2 or value.shape[0] != n:
+                raise ValueError(f"{name}: expected [{n}, T], got shape {tuple(value.shape)}")
+            dense = torch.nn.functional.pad(value.float(), (0, max(0, width_t - value.shape[1])))[:, :width_t]
+            if n and value.shape[1] < int(lengths.max()):
+                raise ValueError(f"{name} has {value.shape[1]} columns for responses of up to {int(lengths.max())}")
         else:
             rows = _rows(value)
             if len(rows) != n:
                 raise ValueError(f"{name} has {len(rows)} rows, the batch has {n}")
-            for i, row in enumerate(rows):
-                k = lengths[i]
-                if len(row) < k:
-                    raise ValueError(f"{name} row {i} has {len(row)} values for a {k}-token response")
-                if k:
-                    dense[i, :k] = torch.tensor(row[:k], dtype=torch.float32)
-        out[name] = dense * response_attn
+            short = [i for i, row in enumerate(rows) if len(row) < int(lengths[i])]
+            if short:
+                i = short[0]
+                raise ValueError(f"{name} row {i} has {len(rows[i])} values for a {int(lengths[i])}-token response")
+            dense = _pad_ragged([row[:int(k)] for row, k in zip(rows, lengths)], width_t, False, 0.0, torch.float32)
+        out[name] = (dense * response_attn).contiguous()
     if "minibatch_index" in batch:
         out["minibatch_index"] = torch.as_tensor(batch["minibatch_index"], dtype=torch.long).reshape(n)
     return out
@@ -206,7 +250,8 @@ class CriticModel(nn.Module):
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                use_cache=False).last_hidden_state
         hidden = hidden[:, -keep_last:]
-        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+        # a fresh tensor, not a view: FSDP2 hooks the module output for backward
+        return self.value_head(hidden.to(self.value_head.weight.dtype))[..., 0].clone()
 
 
 def _torch_dtype(name: str) -> torch.dtype:
@@ -349,15 +394,6 @@ class LearnerWorker:
             return self.describe()
         t0 = time.perf_counter()
         cfg = self.config
-        os.environ["MASTER_ADDR"] = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = str(master_port or os.environ.get("MASTER_PORT") or _free_port())
-        os.environ["RANK"] = str(self.rank)
-        os.environ["WORLD_SIZE"] = str(self.world_size)
-        os.environ.setdefault("LOCAL_RANK", "0")
-        use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-        if use_cuda and not torch.cuda.is_available():
-            raise RuntimeError("device 'cuda' was asked for but this worker sees no GPU")
-        self.device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
         if cfg.strategy == "deepspeed":
             try:
                 import deepspeed  # noqa: F401
@@ -365,6 +401,17 @@ class LearnerWorker:
                 raise DeepSpeedUnavailable(
                     "strategy 'deepspeed' needs the deepspeed package (CPU: DS_BUILD_OPS=0 pip install deepspeed; "
                     "GPU: the 'gpu' extra); it is not installed. Use strategy 'fsdp2'.") from exc
+        os.environ["MASTER_ADDR"] = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+        # a lone rank outside a group takes a fresh port (a stale MASTER_PORT in the environment may be taken)
+        inherited = os.environ.get("MASTER_PORT") if self.world_size > 1 else None
+        os.environ["MASTER_PORT"] = str(master_port or inherited or _free_port())
+        os.environ["RANK"] = str(self.rank)
+        os.environ["WORLD_SIZE"] = str(self.world_size)
+        os.environ.setdefault("LOCAL_RANK", "0")
+        use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+        if use_cuda and not torch.cuda.is_available():
+            raise RuntimeError("device 'cuda' was asked for but this worker sees no GPU")
+        self.device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
         if not dist.is_initialized():
             dist.init_process_group("nccl" if use_cuda else "gloo", rank=self.rank, world_size=self.world_size)
             self._owns_process_group = True
@@ -409,7 +456,8 @@ class LearnerWorker:
                 "device": str(self.device), "backend": dist.get_backend() if dist.is_initialized() else None,
                 "model_dir": self.model_dir, "local_policy_params": int(n_params),
                 "reference": self.ref is not None, "critic": self.critic is not None,
-                "optimizer_steps": self.optimizer_steps}
+                "optimizer_steps": self.optimizer_steps, "setup_time_s": getattr(self, "setup_time_s", None),
+                "pid": os.getpid()}
 
     def _load_causal_lm(self, dtype: torch.dtype, trainable: bool) -> nn.Module:
         from transformers import AutoModelForCausalLM
@@ -580,7 +628,19 @@ class LearnerWorker:
                 out[chunk] = fn(model, mb).cpu() * mb["response_attention_mask"]
         finally:
             model.train(was_training)
+            self._reshard(model)
         return out
+
+    def _reshard(self, model: nn.Module) -> None:
+        """Free FSDP2's unsharded parameters. The root module keeps them after a forward without backward (its
+        reshard_after_forward defaults to False); state-dict loading and memory both want them sharded."""
+        if self.config.strategy != "fsdp2":
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.reshard()
 
     def _canonical(self, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         return collate(batch, pad_token_id=self.pad_token_id)
@@ -835,8 +895,12 @@ class LearnerWorker:
         """The full (unsharded) state dict, on CPU, on rank 0; ``{}`` on the other ranks. Collective."""
         if self.config.strategy == "deepspeed":  # pragma: no cover
             return self._deepspeed_full_state(model)
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
 
+        self._reshard(model)
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return state if self.rank == 0 else {}
 
@@ -863,7 +927,10 @@ class LearnerWorker:
 
     # -------------------------------------------------------------------------------------------- checkpoints
     def _full_optim_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
 
         has_state = self._reduce([1.0 if optimizer.state else 0.0], op="max")[0] > 0
         if not has_state:  # no step yet: an empty optimizer (get_optimizer_state_dict would initialize one)
@@ -956,6 +1023,7 @@ class LearnerWorker:
             if self.config.strategy == "deepspeed":  # pragma: no cover
                 model.load_checkpoint(str(root / "deepspeed" / name), tag="latest")
                 continue
+            self._reshard(model)
             weights = _load_safetensors(root / name / "model.safetensors") if self.rank == 0 or \
                 not self._distributed else {}
             set_model_state_dict(model, weights, options=opts)
@@ -1120,20 +1188,16 @@ class LearnerGroup:
         from ray.util.placement_group import remove_placement_group
 
         for w in getattr(self, "workers", []):
-            try:
+            with suppress(Exception):  # already gone
                 ray.kill(w)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
         self.workers = []
         if getattr(self, "_pg", None) is not None:
-            try:
+            with suppress(Exception):
                 remove_placement_group(self._pg)
-            except Exception:  # noqa: BLE001
-                pass
             self._pg = None
 
-    def __enter__(self) -> LearnerGroup:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.shutdown()

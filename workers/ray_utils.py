@@ -23,7 +23,7 @@ DEFAULT_TEMP_ROOT = REPO_ROOT / ".ray_tmp"
 # Unix socket paths are limited to 107 bytes; Ray appends up to ~63 characters
 # ("/session_2026-01-01_00-00-00_000000_1234567/sockets/plasma_store") to its temp dir.
 MAX_TEMP_DIR_CHARS = 44
-DEFAULT_OBJECT_STORE_BYTES = 1 << 30  # plenty for tiny/small models; Ray's default takes 30% of RAM
+DEFAULT_OBJECT_STORE_BYTES = 2 << 30  # plenty for tiny/small models (more spills to disk); Ray's default: 30% of RAM
 
 
 @dataclass
@@ -72,8 +72,9 @@ def init_local_ray(num_cpus: float | None = None, temp_dir: str | os.PathLike | 
 
     ``temp_dir``: Ray's temp dir; default a fresh ``.ray_tmp/ray-XXXX`` under the repository (removed by
     :func:`shutdown_local_ray`). ``num_cpus`` are logical: more than the cores lets several small actors share
-    them. Ray's processes also get ``TMPDIR`` pointing inside the temp dir (vLLM and torch write there), without
-    changing this process's own ``TMPDIR``.
+    them. Ray's processes also get ``TMPDIR`` pointing inside the temp dir (vLLM and torch write there) and, unless
+    set, ``TORCHINDUCTOR_CACHE_DIR`` in a ``torchinductor`` folder that outlives the session (beside the default
+    temp dir, inside a given one); this process keeps its own environment.
     """
     global _STATE
     loopback_env()
@@ -85,14 +86,19 @@ def init_local_ray(num_cpus: float | None = None, temp_dir: str | os.PathLike | 
     path, owned = _private_temp_dir(temp_dir)
     scratch = Path(path) / "tmp"
     scratch.mkdir(exist_ok=True)
-    kwargs: dict[str, Any] = dict(address="local", num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=path,
-                                  include_dashboard=include_dashboard, object_store_memory=object_store_memory,
-                                  configure_logging=True, logging_level="WARNING")
+    kwargs: dict[str, Any] = {"address": "local", "num_cpus": num_cpus, "num_gpus": num_gpus, "_temp_dir": path,
+                              "include_dashboard": include_dashboard, "object_store_memory": object_store_memory,
+                              "logging_level": "WARNING"}
     if include_dashboard:
         kwargs["dashboard_host"] = "127.0.0.1"
     kwargs.update(init_kwargs)
-    saved = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = str(scratch)  # inherited by the raylet, hence by every worker process
+    # Inherited by the raylet, hence by every worker process; this process keeps its own values.
+    ray_env = {"TMPDIR": str(scratch)}
+    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        # torch.compile caches (vLLM compiles its logprob kernel: ~15 s cold, a few s warm) outlive the session.
+        ray_env["TORCHINDUCTOR_CACHE_DIR"] = str((Path(path).parent if owned else Path(path)) / "torchinductor")
+    saved = {k: os.environ.get(k) for k in ray_env}
+    os.environ.update(ray_env)
     try:
         ray.init(**kwargs)
     except BaseException:
@@ -100,10 +106,11 @@ def init_local_ray(num_cpus: float | None = None, temp_dir: str | os.PathLike | 
             shutil.rmtree(path, ignore_errors=True)
         raise
     finally:
-        if saved is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = saved
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     _STATE = LocalRay(temp_dir=path, started=True, owns_temp_dir=owned)
     return _STATE
 

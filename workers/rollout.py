@@ -7,6 +7,9 @@ a Ray actor, with in-place weight updates for RL.
   ``reload_weights`` + prefix-cache reset) and bumps ``weights_version``; generations made after it use the new
   weights. Pass ``version`` to set the counter to the learner's step instead of incrementing it.
 
+On CPU, vLLM torch-compiles a small kernel on the first request that asks for logprobs (~15 s cold, a few s
+with a warm inductor cache); ``env={"TORCH_COMPILE_DISABLE": "1"}`` runs it eagerly instead (what the tests do).
+
 Create it with :func:`spawn_rollout_worker` (or ``ray.remote(RolloutWorker).options(...).remote(cfg)``); the class
 itself is plain Python, so it also runs in-process.
 """

@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pr_rlhf.config import StrictModel
+from pr_rlhf.config_base import StrictModel
 
 Strategy = Literal["fsdp2", "deepspeed", "none"]
 LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm",

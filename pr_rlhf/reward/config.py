@@ -1,0 +1,79 @@
+"""Typed config of a reward scorer (what one reward worker hosts) and of the pool of workers that serves it.
+
+Imports pydantic only (through :mod:`pr_rlhf.config`): never torch or Ray. The scorers themselves live in
+``workers/reward.py``.
+
+Kinds (``RewardConfig.kind``):
+
+- ``"gold"``: the synthetic world's exact downstream judge: ``World.gold_utility(response, user_id)`` of the world
+  built from ``world`` (``normalize``: rescaled by the user's attainable range to [0, 1]).
+- ``"scalar"``: a sequence-classification reward model (:class:`~pr_rlhf.reward.scalar.ScalarRM`) on
+  (user block + question, response).
+- ``"genrm"``: a generative reward model on a local engine (``judge``). ``genrm_mode="sec_reference"``: the
+  P-GenRM evaluation chain compares the response (slot response_1) with the request's reference answer (slot
+  response_2) and the reward is the chain's final score of response_1 (1-10); ``"pointwise"``: the pointwise
+  prompt rates the response alone, 1-10. An optional planner turns the retrieved profile into rubric aspects
+  first (``planner`` + ``input_mode="plan"``).
+- ``"http"``: the same generative scorer through an OpenAI-compatible server (``judge.backend`` must be
+  ``"openai"``).
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from pr_rlhf.config_base import EngineConfig, GenerationConfig, ScalarRMConfig, StrictModel
+from pr_rlhf.world.config import WorldConfig
+
+RewardKind = Literal["gold", "scalar", "genrm", "http"]
+REWARD_KINDS: tuple[str, ...] = ("gold", "scalar", "genrm", "http")
+
+
+class RewardPoolConfig(StrictModel):
+    """How many reward workers, what each holds, and how the pool talks to them."""
+
+    workers: int = Field(1, ge=1, description="reward worker actors; requests are routed by user (sticky)")
+    num_cpus: float = Field(1.0, ge=0, description="Ray CPUs per worker (logical; fractions allowed)")
+    num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per worker")
+    batch_size: int = Field(8, ge=1, description="requests per call to a worker")
+    max_inflight: int = Field(2, ge=1, description="batches outstanding per worker at any time")
+    max_attempts: int = Field(3, ge=1, description="sends per request (worker deaths, failed calls) before the "
+                                                   "request is given up with an error")
+
+
+class RewardConfig(StrictModel):
+    kind: RewardKind = "gold"
+    seed: int = 0
+    # gold
+    world: WorldConfig = Field(default_factory=WorldConfig, description="gold: the synthetic world to judge in")
+    normalize: bool = Field(False, description="gold: (u - min_u) / (max_u - min_u) over the user's attainable "
+                                               "utilities, in [0, 1]")
+    # scalar
+    scalar_rm: ScalarRMConfig = Field(default_factory=ScalarRMConfig)
+    # genrm / http
+    judge: EngineConfig = Field(default_factory=EngineConfig, description="genrm/http: the generative RM's engine")
+    genrm_mode: Literal["sec_reference", "pointwise"] = Field(
+        "sec_reference", description="'sec_reference': SEC of (response, meta['reference']), reward = final score "
+                                     "of response_1; 'pointwise': the 1-10 pointwise rating")
+    generation: GenerationConfig = Field(default_factory=GenerationConfig, description="judge/planner sampling")
+    use_stated_preferences: bool = Field(True, description="genrm: show stated preferences to the SEC judge")
+    # what the model-based scorers see about the user
+    input_mode: Literal["none", "profile", "plan"] = Field(
+        "none", description="'profile': the top-k retrieved posts; 'plan': the planner's aspects (needs planner)")
+    top_k_profile: int = Field(10, ge=1)
+    planner: EngineConfig | None = Field(None, description="planner engine (input_mode='plan'); an engine equal "
+                                                           "to judge is shared")
+    planner_max_aspects: int = Field(8, ge=1)
+    pool: RewardPoolConfig = Field(default_factory=RewardPoolConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> RewardConfig:
+        if self.kind == "http" and self.judge.backend != "openai":
+            raise ValueError("kind 'http' needs judge.backend='openai' (an OpenAI-compatible server)")
+        if self.kind != "gold":
+            if self.input_mode == "plan" and self.planner is None:
+                raise ValueError("input_mode 'plan' needs a planner engine (reward.planner)")
+            if self.planner is not None and self.input_mode != "plan":
+                raise ValueError("a planner is set but input_mode is not 'plan': its aspects would not be shown")
+        return self

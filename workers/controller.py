@@ -1,0 +1,333 @@
+"""The single controller of an RL run: rollout -> reward -> advantages -> update -> weight sync -> log -> checkpoint.
+
+It drives three worker groups on Ray: rollout workers (an hf or vLLM engine each), a reward pool (personalized
+rewards, sticky per user), and the learner group (FSDP2 ranks holding policy, reference and, for PPO, critic).
+A run is reproducible from its recipe and seed: prompt order, sampling seeds, the reward and the learner's RNG are
+all derived from them, and a checkpoint stores everything needed to continue exactly where a killed run stopped.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from pr_rlhf.algos import ADVANTAGE_ESTIMATORS, apply_kl_to_rewards, kl_penalty
+from pr_rlhf.config import Recipe, dump_recipe
+from pr_rlhf.models.base import SamplingParams
+from pr_rlhf.prompts import chat, fragment
+from pr_rlhf.retrieval import render_profile
+from pr_rlhf.shards import ShardReader
+from pr_rlhf.tracking import make_tracker
+from pr_rlhf.train.rl_config import RLConfig
+
+COMPLETE = "COMPLETE"          # written last into a checkpoint folder: only complete ones are resumed from
+CONTROLLER_STATE = "controller.json"
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    prompt_id: str
+    user_id: str
+    subset: str
+    question: str
+    messages: list
+
+
+@dataclass
+class RLResult:
+    run_dir: Path
+    history: list[dict] = field(default_factory=list)     # one dict of metrics per step
+    evals: list[dict] = field(default_factory=list)       # held-out evaluations (step, reward mean)
+    resumed_from: int = 0
+
+
+def policy_messages(question: str, retrieved: list[dict], top_k: int) -> list:
+    profile = render_profile(retrieved, top_k) if top_k > 0 and retrieved else ""
+    block = fragment("user_blocks", "profile", posts=profile) if profile else ""
+    return chat("policy", profile_block=block, question=question)
+
+
+def load_prompts(cfg: RLConfig) -> tuple[list[PromptItem], list[PromptItem]]:
+    """Training prompts (queries of seen users) and held-out prompts (cold-start users, or the test split)."""
+    reader = ShardReader(cfg.data.shards)
+    cold = {(r["user_id"], r["subset"]) for r in reader.iter_rows("profiles") if r["cold_start"]}
+
+    def items(rows) -> list[PromptItem]:
+        return [PromptItem(r["query_id"], r["user_id"], r["subset"], r["question"],
+                           policy_messages(r["question"], r["retrieved"], cfg.data.profile_top_k)) for r in rows]
+
+    train = items(r for r in reader.iter_rows("queries", cfg.data.train_split)
+                  if (r["user_id"], r["subset"]) not in cold)
+    if cfg.data.heldout == "cold_start" and cold:
+        held = items(r for r in reader.iter_rows("queries") if (r["user_id"], r["subset"]) in cold)
+    else:
+        held = items(reader.iter_rows("queries", "test"))
+    if not train or not held:
+        raise ValueError(f"{cfg.data.shards}: {len(train)} training and {len(held)} held-out prompts; need both")
+    held = [held[i] for i in np.random.default_rng(0).permutation(len(held))[:cfg.data.heldout_prompts]]
+    return train, held
+
+
+def prompt_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def batch_at(prompts: list[PromptItem], position: int, count: int, seed: int) -> list[PromptItem]:
+    """``count`` prompts starting at global data ``position`` (epochs reshuffle with their own seed)."""
+    out = []
+    n = len(prompts)
+    for pos in range(position, position + count):
+        epoch, offset = divmod(pos, n)
+        out.append(prompts[prompt_order(n, seed, epoch)[offset]])
+    return out
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def phase(self, name: str):
+        timer = self
+
+        class _Phase:
+            def __enter__(self):
+                self.t0 = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timer.seconds[name] = timer.seconds.get(name, 0.0) + time.perf_counter() - self.t0
+
+        return _Phase()
+
+
+class RLController:
+    """Owns the worker groups of one run; ``run()`` trains ``cfg.steps`` steps (or continues a killed run)."""
+
+    def __init__(self, recipe: Recipe, on_step: Callable[[dict], None] | None = None):
+        if recipe.train is None:
+            raise ValueError("the recipe has no train: section")
+        self.recipe = recipe
+        self.cfg: RLConfig = recipe.train
+        self.run_dir = Path(self.cfg.out)
+        self.ckpt_root = self.run_dir / "checkpoints"
+        self.on_step = on_step or (lambda _m: None)
+        self.train_prompts, self.heldout_prompts = load_prompts(self.cfg)
+        self._workers_started = False
+
+    # ------------------------------------------------------------------------------------------ workers
+    def reward_config(self):
+        """The gold reward must judge in the very world the shards were built from: take it from their manifest."""
+        reward = self.recipe.reward
+        if reward.kind == "gold":
+            from pr_rlhf.world.config import WorldConfig
+
+            built = ShardReader(self.cfg.data.shards).manifest.get("config", {}).get("world")
+            if built is None:
+                raise ValueError(f"{self.cfg.data.shards}: gold rewards need shards of the synthetic world")
+            reward = reward.model_copy(update={"world": WorldConfig.model_validate(built)})
+        return reward
+
+    def cpus_needed(self) -> float:
+        """Logical CPUs the run's actors ask Ray for (a local Ray must offer at least this many)."""
+        cfg = self.cfg
+        learner = cfg.learner.world_size * cfg.learner.num_cpus_per_worker
+        return learner + cfg.rollout_workers * 1.0 + self.recipe.reward.pool.workers * self.recipe.reward.pool.num_cpus
+
+    def start_workers(self) -> None:
+        from workers.learner import LearnerGroup
+        from workers.reward import RewardPool
+        from workers.rollout import spawn_rollout_worker
+
+        cfg = self.cfg
+        learner_cfg = cfg.learner.model_copy(update={"temperature": cfg.temperature, "seed": self.recipe.seed})
+        self.learner = LearnerGroup(learner_cfg, name=None)
+        self.rollouts = [spawn_rollout_worker(cfg.rollout) for _ in range(cfg.rollout_workers)]
+        self.reward_pool = RewardPool(self.reward_config())
+        self._workers_started = True
+
+    def shutdown(self) -> None:
+        if not self._workers_started:
+            return
+        import ray
+
+        self.reward_pool.close()
+        for w in self.rollouts:
+            ray.kill(w)
+        self.learner.shutdown()
+        self._workers_started = False
+
+    # ------------------------------------------------------------------------------------------ phases
+    def _generate(self, messages: list, params: SamplingParams) -> list:
+        """Prompts sharded over the rollout workers; results back in prompt order."""
+        import ray
+
+        shards = np.array_split(np.arange(len(messages)), len(self.rollouts))
+        futures = [w.generate.remote([messages[i] for i in idx], params) for w, idx in zip(self.rollouts, shards)
+                   if len(idx)]
+        out: list = []
+        for part in ray.get(futures):
+            out.extend(part)
+        return out
+
+    def _sync_weights(self, version: int) -> None:
+        import ray
+
+        state = self.learner.state_dict_for_rollout()
+        ref = ray.put(state)
+        ray.get([w.load_weights.remote(ref, version) for w in self.rollouts])
+
+    def _score(self, items: list[PromptItem], texts: list[str], tag: str) -> np.ndarray:
+        from workers.reward import RewardRequest
+
+        requests = [RewardRequest(request_id=f"{tag}/{i}", user_id=item.user_id, question=item.question,
+                                  response=text) for i, (item, text) in enumerate(zip(items, texts))]
+        results = self.reward_pool.score(requests)
+        failed = [r for r in results if r.error is not None or r.score is None]
+        if failed:
+            # A reward that could not be computed is not a zero reward: the step stops with a clear error.
+            raise RuntimeError(f"{len(failed)} of {len(results)} rewards failed, e.g. {failed[0].error}")
+        return np.array([r.score for r in results], dtype=np.float64)
+
+    def evaluate(self, step: int) -> dict:
+        """Mean reward of sampled answers to held-out users' prompts (seeded: comparable across steps)."""
+        items = self.heldout_prompts
+        params = SamplingParams(n=self.cfg.eval_samples, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                                max_tokens=self.cfg.max_tokens, seed=self.recipe.seed + 7_777)
+        gens = self._generate([p.messages for p in items], params)
+        flat_items = [item for item, g in zip(items, gens) for _ in g.samples]
+        texts = [s.text for g in gens for s in g.samples]
+        rewards = self._score(flat_items, texts, f"eval{step}")
+        return {"step": step, "eval/heldout_reward_mean": float(rewards.mean()),
+                "eval/heldout_reward_std": float(rewards.std())}
+
+    def train_step(self, step: int) -> dict:
+        cfg = self.cfg
+        timer = Timer()
+        items = batch_at(self.train_prompts, step * cfg.prompts_per_step, cfg.prompts_per_step, self.recipe.seed)
+        params = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p,
+                                max_tokens=cfg.max_tokens, seed=self.recipe.seed * 1_000_003 + step)
+        with timer.phase("rollout"):
+            gens = self._generate([p.messages for p in items], params)
+        bad = [g.error for g in gens if g.error]
+        if bad:
+            raise RuntimeError(f"rollout failed for {len(bad)} prompts, e.g. {bad[0]}")
+        rows, group = [], []
+        for gi, (item, gen) in enumerate(zip(items, gens)):
+            for sample in gen.samples:
+                rows.append((item, gen.prompt_token_ids, sample))
+                group.append(gi)
+        with timer.phase("reward"):
+            rewards = self._score([r[0] for r in rows], [r[2].text for r in rows], f"train{step}")
+        batch: dict[str, Any] = {
+            "prompt_ids": [list(r[1]) for r in rows],
+            "response_ids": [list(r[2].token_ids) or [0] for r in rows],
+        }
+        lengths = torch.tensor([len(ids) for ids in batch["response_ids"]])
+        width = int(lengths.max())
+        mask = (torch.arange(width)[None, :] < lengths[:, None]).float()
+        token_rewards = torch.zeros_like(mask)
+        token_rewards[torch.arange(len(rows)), lengths - 1] = torch.tensor(rewards, dtype=torch.float32)
+
+        metrics: dict[str, float] = {}
+        with timer.phase("old_logprobs"):
+            batch["old_logprobs"] = self.learner.compute_logprobs(batch)
+        kl_cfg = cfg.learner.kl
+        if kl_cfg.coef > 0 and kl_cfg.where == "reward":
+            with timer.phase("ref_logprobs"):
+                ref = self.learner.compute_ref_logprobs(batch)
+            kl = kl_penalty(batch["old_logprobs"], ref, kl_cfg.kind)
+            token_rewards, kl_stats = apply_kl_to_rewards(token_rewards, kl, kl_cfg.coef, mask)
+            metrics.update({f"train/{k}": float(v) for k, v in kl_stats.items()})
+        with timer.phase("advantages"):
+            if cfg.algorithm == "ppo":
+                batch["values"] = self.learner.compute_values(batch)
+                adv, returns = ADVANTAGE_ESTIMATORS.call(cfg.advantage_estimator, token_level_rewards=token_rewards,
+                                                         values=batch["values"], response_mask=mask,
+                                                         gamma=cfg.gamma, lam=cfg.lam)
+                batch["returns"] = returns
+            else:
+                adv, _ = ADVANTAGE_ESTIMATORS.call(cfg.advantage_estimator, token_level_rewards=token_rewards,
+                                                   response_mask=mask, index=np.array(group))
+            batch["advantages"] = adv
+        with timer.phase("update"):
+            if cfg.algorithm == "ppo":
+                metrics.update(self.learner.update_critic(batch))
+            metrics.update(self.learner.update_policy(batch))
+        with timer.phase("weight_sync"):
+            self._sync_weights(step + 1)
+        generated = int(lengths.sum())
+        metrics.update({
+            "step": step,
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()),
+            "rollout/response_tokens_mean": float(lengths.float().mean()),
+            "rollout/tokens_per_s": generated / max(timer.seconds["rollout"], 1e-9),
+            **{f"time/{k}_s": v for k, v in timer.seconds.items()},
+        })
+        return metrics
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def _latest_checkpoint(self) -> Path | None:
+        done = sorted((p for p in self.ckpt_root.glob("step_*") if (p / COMPLETE).exists()),
+                      key=lambda p: int(p.name.split("_")[1]))
+        return done[-1] if done else None
+
+    def save(self, step: int, history: list[dict], evals: list[dict]) -> Path:
+        """Checkpoint after ``step`` steps: learner state (weights, optimizer, RNG), data position, history."""
+        path = self.ckpt_root / f"step_{step:06d}"
+        if path.exists():
+            shutil.rmtree(path)
+        self.learner.save_checkpoint(path / "learner", step, step * self.cfg.prompts_per_step)
+        (path / CONTROLLER_STATE).write_text(json.dumps({"step": step, "history": history, "evals": evals}))
+        (path / COMPLETE).write_text("ok\n")
+        for old in sorted((p for p in self.ckpt_root.glob("step_*") if (p / COMPLETE).exists()),
+                          key=lambda p: int(p.name.split("_")[1]))[:-self.cfg.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+        return path
+
+    def restore(self) -> tuple[int, list[dict], list[dict]]:
+        latest = self._latest_checkpoint() if self.cfg.resume else None
+        if latest is None:
+            return 0, [], []
+        self.learner.load_checkpoint(latest / "learner")
+        state = json.loads((latest / CONTROLLER_STATE).read_text())
+        self._sync_weights(state["step"])
+        return int(state["step"]), state["history"], state["evals"]
+
+    # ------------------------------------------------------------------------------------------ the loop
+    def run(self) -> RLResult:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "recipe.yaml").write_text(dump_recipe(self.recipe))
+        self.start_workers()
+        try:
+            start, history, evals = self.restore()
+            if start == 0:
+                self._sync_weights(0)  # the rollout starts from exactly the learner's weights
+            tracker = make_tracker(self.recipe.tracking, self.run_dir, self.recipe.name,
+                                   tags={"stage": f"rl/{self.cfg.algorithm}"})
+            with tracker:
+                tracker.log_params(self.recipe.model_dump(mode="json"))
+                if start == 0:
+                    evals.append(self.evaluate(0))
+                    tracker.log_metrics(evals[-1], step=0)
+                for step in range(start, self.cfg.steps):
+                    metrics = self.train_step(step)
+                    history.append(metrics)
+                    tracker.log_metrics(metrics, step=step + 1)
+                    done = step + 1
+                    if done % self.cfg.eval_every == 0 or done == self.cfg.steps:
+                        evals.append(self.evaluate(done))
+                        tracker.log_metrics(evals[-1], step=done)
+                        metrics = {**metrics, **{k: v for k, v in evals[-1].items() if k != "step"}}
+                    self.on_step(metrics)
+                    if done % self.cfg.checkpoint_every == 0 or done == self.cfg.steps:
+                        self.save(done, history, evals)
+            (self.run_dir / "history.json").write_text(json.dumps({"history": history, "evals": evals}, indent=1))
+            return RLResult(self.run_dir, history, evals, resumed_from=start)
+        finally:
+            self.shutdown()
