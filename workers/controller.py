@@ -74,6 +74,18 @@ def load_prompts(cfg: RLConfig) -> tuple[list[PromptItem], list[PromptItem]]:
     return train, held
 
 
+def load_warmup_answers(cfg: RLConfig) -> list[tuple[PromptItem, str]]:
+    """(prompt, answer) pairs from the training users' pairs: both answers of each pair, so a warm start learns
+    what answers look like without learning whom they suit."""
+    reader = ShardReader(cfg.data.shards)
+    out = []
+    for r in reader.iter_rows("pairs", cfg.data.train_split):
+        item = PromptItem(r["query_id"], r["user_id"], r["subset"], r["question"],
+                          policy_messages(r["question"], r["retrieved"], cfg.data.profile_top_k))
+        out += [(item, r["chosen"]), (item, r["rejected"])]
+    return out
+
+
 def prompt_order(n: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n)
 
@@ -271,6 +283,31 @@ class RLController:
         })
         return metrics
 
+    def warm_start(self) -> dict:
+        """Next-token training on the shards' answers before RL. With every advantage 1 and the behaviour
+        log-probs equal to the current ones, the clipped policy loss has exactly the gradient of the token NLL,
+        so the learner's own update does supervised learning."""
+        from pr_rlhf.models.prompting import encode_prompt, load_tokenizer
+        from pr_rlhf.models.sources import resolve_model
+
+        cfg = self.cfg
+        tokenizer = load_tokenizer(resolve_model(cfg.learner.model))
+        pairs = load_warmup_answers(cfg)
+        order = np.random.default_rng([self.recipe.seed, 17]).permutation(len(pairs))
+        metrics: dict = {}
+        for step in range(cfg.warmup_sft_steps):
+            idx = [order[(step * cfg.warmup_sft_batch + i) % len(order)] for i in range(cfg.warmup_sft_batch)]
+            chosen = [pairs[i] for i in idx]
+            batch: dict[str, Any] = {
+                "prompt_ids": [encode_prompt(tokenizer, item.messages) for item, _ in chosen],
+                "response_ids": [tokenizer(text, add_special_tokens=False)["input_ids"][:cfg.max_tokens - 1]
+                                 + [tokenizer.eos_token_id] for _, text in chosen],
+            }
+            batch["old_logprobs"] = self.learner.compute_logprobs(batch)
+            batch["advantages"] = [1.0] * len(chosen)
+            metrics = self.learner.update_policy(batch)
+        return {f"warmup/{k}": v for k, v in metrics.items()}
+
     # ------------------------------------------------------------------------------------------ checkpoints
     def _latest_checkpoint(self) -> Path | None:
         done = sorted((p for p in self.ckpt_root.glob("step_*") if (p / COMPLETE).exists()),
@@ -307,6 +344,8 @@ class RLController:
         try:
             start, history, evals = self.restore()
             if start == 0:
+                if self.cfg.warmup_sft_steps:
+                    self.warm_start()
                 self._sync_weights(0)  # the rollout starts from exactly the learner's weights
             tracker = make_tracker(self.recipe.tracking, self.run_dir, self.recipe.name,
                                    tags={"stage": f"rl/{self.cfg.algorithm}"})

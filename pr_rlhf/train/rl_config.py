@@ -34,6 +34,11 @@ class RLConfig(StrictModel):
     max_tokens: int = Field(32, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
+    warmup_sft_steps: int = Field(0, ge=0, description="supervised warm start before RL: steps of next-token "
+                                                       "training on the shards' answers (chosen and rejected "
+                                                       "alike, so the policy learns the answer space, not the "
+                                                       "preferences); a random-init policy needs it")
+    warmup_sft_batch: int = Field(16, ge=1)
     eval_every: int = Field(5, ge=1)
     eval_samples: int = Field(4, ge=1, description="samples per held-out prompt at evaluation")
     checkpoint_every: int = Field(5, ge=1)
