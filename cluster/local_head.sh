@@ -23,6 +23,13 @@ port=${RAY_PORT:-6390}
 dash=${RAY_DASHBOARD_PORT:-8265}
 cpus=${RAY_NUM_CPUS:-$(nproc)}
 resources=${RAY_RESOURCES:-"{}"}
+# Ports another Ray on the same machine may already hold (its dashboard agent, metrics, client server): set
+# RAY_AGENT_PORT / RAY_AGENT_GRPC_PORT / RAY_METRICS_PORT / RAY_CLIENT_PORT to run beside it.
+extra_ports=()
+[ -n "${RAY_AGENT_PORT:-}" ] && extra_ports+=(--dashboard-agent-listen-port "$RAY_AGENT_PORT")
+[ -n "${RAY_AGENT_GRPC_PORT:-}" ] && extra_ports+=(--dashboard-agent-grpc-port "$RAY_AGENT_GRPC_PORT")
+[ -n "${RAY_METRICS_PORT:-}" ] && extra_ports+=(--metrics-export-port "$RAY_METRICS_PORT")
+[ -n "${RAY_CLIENT_PORT:-}" ] && extra_ports+=(--ray-client-server-port "$RAY_CLIENT_PORT")
 
 cluster_pids() {
   # Every Ray process of this cluster names its session folder inside the temp dir on its command line.
@@ -34,11 +41,11 @@ case "$cmd" in
     if [ "$role" = "--worker" ]; then
       "$ray_bin" start --address "${RAY_HEAD_ADDRESS:-127.0.0.1:$port}" --node-ip-address 127.0.0.1 \
         --temp-dir "$temp_dir" --num-cpus "$cpus" --resources "$resources" --disable-usage-stats \
-        >"$temp_dir/start-worker.log" 2>&1
+        ${extra_ports[@]+"${extra_ports[@]}"} >"$temp_dir/start-worker.log" 2>&1
     else
       "$ray_bin" start --head --node-ip-address 127.0.0.1 --port "$port" --temp-dir "$temp_dir" \
         --dashboard-host 127.0.0.1 --dashboard-port "$dash" --num-cpus "$cpus" --resources "$resources" \
-        --disable-usage-stats >"$temp_dir/start-head.log" 2>&1
+        --disable-usage-stats ${extra_ports[@]+"${extra_ports[@]}"} >"$temp_dir/start-head.log" 2>&1
       echo "http://127.0.0.1:$dash"
     fi
     ;;

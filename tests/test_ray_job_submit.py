@@ -23,7 +23,10 @@ def free_port() -> int:
 
 @pytest.fixture
 def local_head(tmp_path):
+    # Own ports for everything another Ray on this machine (e.g. the test session's cluster) may already hold.
     env = {**os.environ, "RAY_PORT": str(free_port()), "RAY_DASHBOARD_PORT": str(free_port()),
+           "RAY_AGENT_PORT": str(free_port()), "RAY_AGENT_GRPC_PORT": str(free_port()),
+           "RAY_METRICS_PORT": str(free_port()), "RAY_CLIENT_PORT": str(free_port()),
            "RAY_NUM_CPUS": "4", "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     # Ray's unix sockets live under the temp dir and their paths may not exceed 107 bytes: keep it short.
     temp_dir = Path(tempfile.mkdtemp(prefix="prr-"))
