@@ -95,3 +95,19 @@ def build_shards(data: DataConfig, world: WorldConfig | None = None, *, progress
         issues_path.unlink()
     seconds["write"] = time.perf_counter() - t0
     return BuildReport(out_dir, manifest, out.skipped, list(out.issues), seconds)
+
+
+def ensure_world_shards(out: str | Path, world: WorldConfig, embedder: str = "bm25") -> bool:
+    """Shards of the synthetic ``world`` at ``out``: built when absent (True), kept when they hold exactly this
+    world (False). Shards of another world (or source) there are an error, never silently reused."""
+    from pr_rlhf.shards import MANIFEST
+
+    manifest_path = Path(out) / MANIFEST
+    if manifest_path.is_file():
+        built = json.loads(manifest_path.read_text()).get("config", {})
+        if built.get("world") != world.model_dump(mode="json"):
+            raise ValueError(f"{out}: holds shards of another world than the recipe's train.data.world; choose "
+                             f"another train.data.shards directory or delete this one")
+        return False
+    build_shards(DataConfig(source="synthetic", out=str(out), retrieval={"embedder": embedder}), world)
+    return True

@@ -222,6 +222,11 @@ def run_train_stage(recipe: Recipe, address: Optional[str] = None):
 
     cfg = recipe.train
     console.rule(f"[bold]train[/] {cfg.algorithm} -> {cfg.out}")
+    if cfg.data.world is not None:
+        from data_pipelines.build import ensure_world_shards
+
+        if ensure_world_shards(cfg.data.shards, cfg.data.world):
+            console.print(f"built the recipe's synthetic world -> {cfg.data.shards}")
     controller = RLController(recipe, on_step=lambda m: on_step(m))
     # A local Ray offers logical CPUs: enough for every actor of the run, even on a 2-core laptop.
     init_ray(address, num_cpus=max(os.cpu_count() or 1, math.ceil(controller.cpus_needed())))
@@ -229,7 +234,7 @@ def run_train_stage(recipe: Recipe, address: Optional[str] = None):
 
     def on_step(m: dict) -> None:
         line = (f"step {m['step'] + 1:>4}/{cfg.steps}  reward {m['reward/mean']:+.3f} +- {m['reward/std']:.3f}  "
-                f"kl {m.get('actor/kl', m.get('train/kl', float('nan'))):.4f}  "
+                f"kl {m.get('actor/kl_loss', m.get('train/kl', float('nan'))):.4f}  "
                 f"{m['rollout/tokens_per_s']:.0f} tok/s")
         if "eval/heldout_reward_mean" in m:
             line += f"  held-out reward {m['eval/heldout_reward_mean']:+.3f}"

@@ -226,6 +226,38 @@ def test_critic_update_reduces_value_loss(pair):
     assert reported[-1] < reported[0], reported
 
 
+def test_sft_steps_lower_the_nll_the_same_on_one_and_two_ranks(ray_cluster, tmp_path):  # noqa: F811
+    """update_sft: response-token NLL, one optimizer step per call at its own lr (the RL lr is restored after);
+    a plain module and 2 FSDP2 ranks agree. rebase_reference then makes the reference the warm-started policy,
+    with a fresh optimizer, and a checkpoint carries that reference into a new learner."""
+    cfg = {**BASE, "kl": {"coef": 0.0}, "critic": {"enabled": False}, "micro_batch_size": 2}
+    batch = make_batch(5)
+    runs = []
+    for strategy, size in (("none", 1), ("fsdp2", 2)):
+        with LearnerGroup(LearnerConfig(**cfg, strategy=strategy, world_size=size)) as group:
+            metrics = [group.update_sft(batch, lr=3e-3) for _ in range(4)]
+            runs.append((group.state_dict_for_rollout(), metrics))
+            if size == 2:
+                group.rebase_reference()
+                torch.testing.assert_close(group.compute_ref_logprobs(batch), group.compute_logprobs(batch))
+                rl = group.update_policy(dict(batch, old_logprobs=group.compute_logprobs(batch),
+                                              advantages=torch.linspace(-1, 1, 7)))
+                assert rl["actor/lr"] == BASE["lr"] and rl["actor/optimizer_steps"] == 2  # mini-batches of 4
+                group.save_checkpoint(tmp_path / "ck", step=1)
+                ref_lp = group.compute_ref_logprobs(batch)
+                assert not torch.equal(ref_lp, group.compute_logprobs(batch))  # RL moved the policy, not the ref
+    (sd1, m1), (sd2, m2) = runs
+    nll = [m["sft/nll"] for m in m1]
+    assert nll[-1] < 0.8 * nll[0], nll
+    assert m1[0]["sft/lr"] == 3e-3 and m1[-1]["sft/optimizer_steps"] == 1
+    assert [m["sft/nll"] for m in m2] == pytest.approx(nll, rel=1e-4)
+    assert max(float((sd1[k] - sd2[k]).abs().max()) for k in sd1) < 2e-5
+    assert (tmp_path / "ck" / "reference" / "model.safetensors").is_file()
+    with LearnerGroup(LearnerConfig(**cfg, strategy="fsdp2", world_size=2)) as fresh:
+        fresh.load_checkpoint(tmp_path / "ck")
+        assert torch.equal(fresh.compute_ref_logprobs(batch), ref_lp)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # determinism and checkpoint resume (2 ranks, gloo)
 # ---------------------------------------------------------------------------------------------------------------

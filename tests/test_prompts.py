@@ -17,7 +17,7 @@ EXPECTED = {
     "sec": {"history_block", "stated_block", "user_block", "conversation_block", "question", "response_1",
             "response_2"},
     "planner": {"profile_block", "question"},
-    "policy": {"profile_block", "question"},
+    "policy": {"profile_block", "plan_block", "question"},
     "rubric_judge": {"question", "aspects", "answer"},
     "rubric_judge_aspect": {"question", "narrative", "aspect", "reason", "evidence", "answer"},
     "scalar_rm": {"user_block", "conversation_block", "question"},
@@ -55,7 +55,7 @@ def test_verdict_and_score_instructions_match_the_parsers():
     for tag in ("<persona>", "</persona>", "<criteria>", "</criteria>", "<scores>", "</scores>", "<final>", "</final>"):
         assert tag in sec
     assert '{"response_1": F1, "response_2": F2}' in render("sec", **_values("sec"))  # JSON braces stay literal
-    assert "100 words" in render("policy", profile_block="", question="q")
+    assert "100 words" in render("policy", profile_block="", plan_block="", question="q")
 
 
 def test_missing_variable_is_a_clear_error():
@@ -99,9 +99,22 @@ def test_policy_prompt_with_and_without_profile():
     from pr_rlhf.reward.inputs import profile_block
 
     posts = [{"id": "p1", "text": "I love slow mecha anime.", "category": "anime"}]
-    with_profile = chat("policy", profile_block=profile_block(posts, 10), question="What should I watch?")
+    with_profile = chat("policy", profile_block=profile_block(posts, 10), plan_block="", question="What should I watch?")
     user = with_profile[-1]["content"]
     assert "Post 1 (Category: anime):\nI love slow mecha anime." in user
     assert user.index("Post 1") < user.index("What should I watch?")
-    without = chat("policy", profile_block=profile_block([], 10), question="What should I watch?")[-1]["content"]
+    without = chat("policy", profile_block=profile_block([], 10), plan_block="",
+                   question="What should I watch?")[-1]["content"]
     assert "Post" not in without and without.startswith("Question:")
+
+
+def test_policy_prompt_with_plan_and_profile():
+    from pr_rlhf.reward.inputs import plan_block, profile_block
+
+    posts = [{"id": "p1", "text": "I love slow mecha anime.", "category": "anime"}]
+    user = chat("policy", profile_block=profile_block(posts, 10), plan_block=plan_block(["Calm tone", "Lists"]),
+                question="Q?")[-1]["content"]
+    assert user.index("Post 1") < user.index("1. Calm tone") < user.index("2. Lists") < user.index("Question:\nQ?")
+    assert "\n\n\n" not in user
+    only_plan = chat("policy", profile_block="", plan_block=plan_block(["Calm tone"]), question="Q?")[-1]["content"]
+    assert only_plan.startswith("What this user most likely expects") and "Post" not in only_plan

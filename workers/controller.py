@@ -19,12 +19,13 @@ import torch
 
 from pr_rlhf.algos import ADVANTAGE_ESTIMATORS, apply_kl_to_rewards, kl_penalty
 from pr_rlhf.config import Recipe, dump_recipe
+from pr_rlhf.eval.metrics import accuracy_ci
 from pr_rlhf.models.base import SamplingParams
-from pr_rlhf.prompts import chat, fragment
-from pr_rlhf.retrieval import render_profile
+from pr_rlhf.prompts import chat
+from pr_rlhf.reward.inputs import plan_block, profile_block
 from pr_rlhf.shards import ShardReader
 from pr_rlhf.tracking import make_tracker
-from pr_rlhf.train.rl_config import RLConfig
+from pr_rlhf.train.rl_config import RLConfig, RLDataConfig
 
 COMPLETE = "COMPLETE"          # written last into a checkpoint folder: only complete ones are resumed from
 CONTROLLER_STATE = "controller.json"
@@ -47,20 +48,38 @@ class RLResult:
     resumed_from: int = 0
 
 
-def policy_messages(question: str, retrieved: list[dict], top_k: int) -> list:
-    profile = render_profile(retrieved, top_k) if top_k > 0 and retrieved else ""
-    block = fragment("user_blocks", "profile", posts=profile) if profile else ""
-    return chat("policy", profile_block=block, question=question)
+def policy_messages(question: str, retrieved: list[dict], top_k: int, plan: list[str] | None = None) -> list:
+    """The policy's chat prompt: the question, the user's top-k posts (top_k > 0) and the plan's aspects."""
+    return chat("policy", profile_block=profile_block(retrieved, top_k) if top_k > 0 else "",
+                plan_block=plan_block(plan or []), question=question)
+
+
+def query_plans(reader: ShardReader, data: RLDataConfig) -> dict[str, list[str]]:
+    """query id -> the aspects the policy is shown (``data.plan``: none, or the shards' rubrics)."""
+    if data.plan == "none":
+        return {}
+    plans = {r["query_id"]: [a["aspect"] for a in r["aspects"]] for r in reader.iter_rows("rubrics")}
+    if not plans:
+        raise ValueError(f"{data.shards}: train.data.plan='rubrics' but the shards hold no rubrics")
+    return plans
+
+
+def make_item(row: dict, data: RLDataConfig, plans: dict[str, list[str]]) -> PromptItem:
+    if data.plan != "none" and row["query_id"] not in plans:
+        raise ValueError(f"{data.shards}: query {row['query_id']!r} has no rubric (train.data.plan='rubrics')")
+    return PromptItem(row["query_id"], row["user_id"], row["subset"], row["question"],
+                      policy_messages(row["question"], row["retrieved"], data.profile_top_k,
+                                      plans.get(row["query_id"])))
 
 
 def load_prompts(cfg: RLConfig) -> tuple[list[PromptItem], list[PromptItem]]:
     """Training prompts (queries of seen users) and held-out prompts (cold-start users, or the test split)."""
     reader = ShardReader(cfg.data.shards)
     cold = {(r["user_id"], r["subset"]) for r in reader.iter_rows("profiles") if r["cold_start"]}
+    plans = query_plans(reader, cfg.data)
 
     def items(rows) -> list[PromptItem]:
-        return [PromptItem(r["query_id"], r["user_id"], r["subset"], r["question"],
-                           policy_messages(r["question"], r["retrieved"], cfg.data.profile_top_k)) for r in rows]
+        return [make_item(r, cfg.data, plans) for r in rows]
 
     train = items(r for r in reader.iter_rows("queries", cfg.data.train_split)
                   if (r["user_id"], r["subset"]) not in cold)
@@ -78,10 +97,10 @@ def load_warmup_answers(cfg: RLConfig) -> list[tuple[PromptItem, str]]:
     """(prompt, answer) pairs from the training users' pairs: both answers of each pair, so a warm start learns
     what answers look like without learning whom they suit."""
     reader = ShardReader(cfg.data.shards)
+    plans = query_plans(reader, cfg.data)
     out = []
     for r in reader.iter_rows("pairs", cfg.data.train_split):
-        item = PromptItem(r["query_id"], r["user_id"], r["subset"], r["question"],
-                          policy_messages(r["question"], r["retrieved"], cfg.data.profile_top_k))
+        item = make_item(r, cfg.data, plans)
         out += [(item, r["chosen"]), (item, r["rejected"])]
     return out
 
@@ -214,8 +233,11 @@ class RLController:
         flat_items = [item for item, g in zip(items, gens) for _ in g.samples]
         texts = [s.text for g in gens for s in g.samples]
         rewards = self._score(flat_items, texts, f"eval{step}")
+        # samples of one prompt are not independent: the CI resamples whole prompts
+        low, high = accuracy_ci(rewards, seed=step, clusters=[item.prompt_id for item in flat_items])
         return {"step": step, "eval/heldout_reward_mean": float(rewards.mean()),
-                "eval/heldout_reward_std": float(rewards.std())}
+                "eval/heldout_reward_std": float(rewards.std()),
+                "eval/heldout_reward_ci_low": low, "eval/heldout_reward_ci_high": high}
 
     def train_step(self, step: int) -> dict:
         cfg = self.cfg
@@ -284,9 +306,9 @@ class RLController:
         return metrics
 
     def warm_start(self) -> dict:
-        """Next-token training on the shards' answers before RL. With every advantage 1 and the behaviour
-        log-probs equal to the current ones, the clipped policy loss has exactly the gradient of the token NLL,
-        so the learner's own update does supervised learning."""
+        """Supervised next-token training on the shards' answers before RL (both answers of each training pair,
+        so the policy learns what answers look like, not whom they suit), then the warm-started policy becomes
+        the reference that the KL term and the rollout start from."""
         from pr_rlhf.models.prompting import encode_prompt, load_tokenizer
         from pr_rlhf.models.sources import resolve_model
 
@@ -303,9 +325,8 @@ class RLController:
                 "response_ids": [tokenizer(text, add_special_tokens=False)["input_ids"][:cfg.max_tokens - 1]
                                  + [tokenizer.eos_token_id] for _, text in chosen],
             }
-            batch["old_logprobs"] = self.learner.compute_logprobs(batch)
-            batch["advantages"] = [1.0] * len(chosen)
-            metrics = self.learner.update_policy(batch)
+            metrics = self.learner.update_sft(batch, cfg.warmup_sft_lr)
+        self.learner.rebase_reference()
         return {f"warmup/{k}": v for k, v in metrics.items()}
 
     # ------------------------------------------------------------------------------------------ checkpoints

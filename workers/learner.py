@@ -375,6 +375,7 @@ class LearnerWorker:
         self.critic_optimizer: torch.optim.Optimizer | None = None
         self.optimizer_steps = 0
         self.critic_optimizer_steps = 0
+        self.ref_rebased = False     # True once rebase_reference() made the reference a copy of the policy
         self._owns_process_group = False
 
     # ------------------------------------------------------------------------------------------------- setup
@@ -796,6 +797,70 @@ class LearnerWorker:
         return self._metrics("actor", sums, losses, norms, post_norms, steps, skipped, cfg.lr, t0,
                              n_updates=max(1, len(norms)))
 
+    def update_sft(self, batch: Mapping[str, Any], lr: float | None = None) -> dict[str, float]:
+        """One supervised step: token-mean negative log-likelihood of the response tokens (the prompt is context
+        only), averaged over the global batch, one AdamW step at ``lr`` (default: the policy's). Metrics keys are
+        prefixed ``sft/``."""
+        self._require_ready()
+        cfg = self.config
+        t0 = time.perf_counter()
+        b = self._canonical(batch)
+        step_lr = cfg.lr if lr is None else float(lr)
+        for group in self.optimizer.param_groups:
+            group["lr"] = step_lr
+        rows = torch.arange(b["response_ids"].shape[0])
+        gb, g_tokens, _ = self._global_batch_info(b["response_mask"])
+        sums: dict[str, float] = {}
+        losses = {"nll": 0.0}
+        norms: list[float] = []
+        post_norms: list[float] = []
+        steps = skipped = 0
+        self.policy.train()
+        try:
+            if g_tokens > 0:
+                self._zero_grad(self.policy, self.optimizer)
+                mbs = cfg.micro_batch_size
+                n_micro = self._micro_batches(rows, mbs)
+                for j in range(n_micro):
+                    chunk = rows[j * mbs:(j + 1) * mbs]
+                    last = j == n_micro - 1
+                    self._set_sync(self.policy, last)
+                    mb = take_rows(b, chunk) if len(chunk) else None
+                    if mb is None:
+                        logp, _ = self._policy_forward(self.policy, self._dummy_micro_batch(), False)
+                        self._backward(self.policy, logp.sum() * 0.0, last)
+                        continue
+                    mask = mb["response_mask"].to(self.device)
+                    logp, _ = self._policy_forward(self.policy, mb, False)
+                    # sum over this rank's tokens / global tokens, times dp_size (gradients are averaged over ranks)
+                    loss = -(logp * mask).sum() / g_tokens * gb.dp_size
+                    self._backward(self.policy, loss, last)
+                    losses["nll"] += float(loss.detach())
+                    sums["token_accuracy"] = sums.get("token_accuracy", 0.0) + float(
+                        ((logp.detach() > math.log(0.5)) * mask).sum())
+                    sums["_tokens"] = sums.get("_tokens", 0.0) + float(mask.sum())
+                norm, post, stepped = self._step(self.policy, self.optimizer)
+                norms.append(norm)
+                post_norms.append(post)
+                steps, skipped = int(stepped), int(not stepped)
+        finally:
+            self._set_sync(self.policy, True)
+            for group in self.optimizer.param_groups:
+                group["lr"] = cfg.lr
+        self.optimizer_steps += steps
+        return self._metrics("sft", sums, losses, norms, post_norms, steps, skipped, step_lr, t0, n_updates=1)
+
+    def rebase_reference(self) -> None:
+        """Make the current policy the frozen reference and start a fresh optimizer: RL after a supervised warm
+        start regularizes towards (and clips against) the warm-started model, not the initial weights. The
+        reference is saved in checkpoints from then on, so a resumed run keeps it. Collective."""
+        self._require_ready()
+        if self.ref is None:
+            self._build_reference()
+        self._load_full_state(self.ref, self._full_model_state(self.policy))
+        self.optimizer = self._build_optimizer(self.policy, self.config.lr, self.config.weight_decay)
+        self.ref_rebased = True
+
     def update_critic(self, batch: Mapping[str, Any]) -> dict[str, float]:
         """Clipped value-loss regression of the critic on ``returns``; needs ``values`` (old) and ``returns``."""
         self._require_ready()
@@ -967,6 +1032,12 @@ class LearnerWorker:
                     torch.save(optim_state, root / name / "optimizer.pt")
             models[name] = {"optimizer": optim_state is not None}
             del weights, optim_state
+        if self.ref_rebased:  # the reference is no longer the model directory's weights: keep it
+            weights = self._full_model_state(self.ref)
+            if self.rank == 0:
+                self._write_weights(root / "reference", "reference", weights)
+            models["reference"] = {"optimizer": False}
+            del weights
         self._barrier()
         if self.rank == 0:
             meta = {"format": CHECKPOINT_FORMAT, "step": int(step), "data_position": data_position,
@@ -976,6 +1047,19 @@ class LearnerWorker:
             _atomic_write_text(root / _META, json.dumps(meta, indent=1))
         self._barrier()
         return str(root)
+
+    def _rank0_weights(self, folder: Path) -> dict[str, torch.Tensor]:
+        """A saved model's weights, read by rank 0 only when distributed (the others get them by broadcast)."""
+        return _load_safetensors(folder / "model.safetensors") if self.rank == 0 or not self._distributed else {}
+
+    def _load_full_state(self, model: nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
+        """Load a full state dict (present on rank 0 only when distributed) into a sharded or plain model."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        self._reshard(model)
+        set_model_state_dict(model, dict(weights), options=StateDictOptions(
+            full_state_dict=True, broadcast_from_rank0=self._distributed, strict=True))
+        self._reshard(model)
 
     def _trained_models(self) -> list[tuple[str, nn.Module, torch.optim.Optimizer]]:
         out = [("policy", self.policy, self.optimizer)]
@@ -1008,11 +1092,7 @@ class LearnerWorker:
         for weights and optimizer; RNG states per rank when the world size matches). Collective. Returns
         ``{"step", "data_position", ...}`` from the checkpoint."""
         self._require_ready()
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         root = Path(path)
         meta = self.read_checkpoint_meta(root)
@@ -1023,11 +1103,7 @@ class LearnerWorker:
             if self.config.strategy == "deepspeed":  # pragma: no cover
                 model.load_checkpoint(str(root / "deepspeed" / name), tag="latest")
                 continue
-            self._reshard(model)
-            weights = _load_safetensors(root / name / "model.safetensors") if self.rank == 0 or \
-                not self._distributed else {}
-            set_model_state_dict(model, weights, options=opts)
-            del weights
+            self._load_full_state(model, self._rank0_weights(root / name))
             if meta["models"][name]["optimizer"]:
                 osd = torch.load(root / name / "optimizer.pt", weights_only=True, map_location="cpu") \
                     if self.rank == 0 or not self._distributed else {}
@@ -1039,6 +1115,11 @@ class LearnerWorker:
                     self.optimizer = fresh
                 else:
                     self.critic_optimizer = fresh
+        if "reference" in meta["models"]:
+            if self.ref is None:
+                self._build_reference()
+            self._load_full_state(self.ref, self._rank0_weights(root / "reference"))
+            self.ref_rebased = True
         rng_file = root / "rng" / f"rank_{self.rank}.pt"
         if rng_file.is_file() and meta["world_size"] == self.world_size:
             _set_rng_state(torch.load(rng_file, weights_only=True))
@@ -1166,6 +1247,15 @@ class LearnerGroup:
 
     def update_critic(self, batch: Mapping[str, Any]) -> dict[str, float]:
         return self._update("update_critic", batch)
+
+    def update_sft(self, batch: Mapping[str, Any], lr: float | None = None) -> dict[str, float]:
+        import ray
+
+        parts = self._split(collate(batch))
+        return ray.get([w.update_sft.remote(p, lr) for w, p in zip(self.workers, parts)])[0]
+
+    def rebase_reference(self) -> None:
+        self._call_all("rebase_reference")
 
     def state_dict_for_rollout(self, dtype: str | None = None) -> dict[str, torch.Tensor]:
         return self._call_all("state_dict_for_rollout", dtype)[0]

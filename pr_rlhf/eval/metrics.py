@@ -217,7 +217,8 @@ def _bootstrap_ci(correct: np.ndarray, cluster_ids: np.ndarray | None, n_bootstr
 
 def accuracy_ci(correct: np.ndarray, n_bootstrap: int = 1000, seed: int = 0, clusters: Sequence[Any] | None = None,
                 level: float = CI_LEVEL) -> tuple[float, float]:
-    """Percentile bootstrap CI (default 95%) of the mean of ``correct`` (0/1 or scores in [0, 1]).
+    """Percentile bootstrap CI (default 95%) of the mean of ``correct`` (0/1, scores in [0, 1], or any real
+    values such as rewards: the statistic is the mean).
 
     Without ``clusters`` items are resampled independently. With ``clusters`` (one label per item, e.g. the pair
     id for both-order judging) whole clusters are resampled with all their items and the statistic is the

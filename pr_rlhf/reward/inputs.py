@@ -119,9 +119,7 @@ def user_block(inp: RMInput, mode: InputMode, top_k: int) -> str:
         if inp.plan is None:
             raise ValueError(f"pair {inp.pair_id!r}: input mode 'plan' needs the planner's aspects (run the "
                              f"Planner and attach them with with_plans first)")
-        if not inp.plan:
-            return ""
-        return fragment("user_blocks", "plan", aspects="\n".join(f"{i}. {a}" for i, a in enumerate(inp.plan, 1)))
+        return plan_block(inp.plan)
     raise ValueError(f"unknown input mode {mode!r}; expected one of {INPUT_MODES}")
 
 
@@ -158,6 +156,13 @@ def profile_block(retrieved: Sequence[Mapping[str, Any]], top_k: int) -> str:
     """The headed top-k posts block on its own (planner and policy prompts)."""
     posts = render_profile(retrieved, top_k)
     return fragment("user_blocks", "profile", posts=posts) if posts else ""
+
+
+def plan_block(aspects: Sequence[str]) -> str:
+    """The headed, numbered aspects block (RM, policy); "" for an empty plan."""
+    if not aspects:
+        return ""
+    return fragment("user_blocks", "plan", aspects="\n".join(f"{i}. {a}" for i, a in enumerate(aspects, 1)))
 
 
 def with_plans(inputs: Sequence[RMInput], plans: Sequence[Any]) -> list[RMInput]:

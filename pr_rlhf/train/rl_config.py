@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from pr_rlhf.config_base import EngineConfig, StrictModel
 from pr_rlhf.train.config import LearnerConfig
+from pr_rlhf.world.config import WorldConfig
 
 
 class RLDataConfig(StrictModel):
@@ -20,6 +21,12 @@ class RLDataConfig(StrictModel):
                                   "test split when the shards have no cold-start users")
     heldout_prompts: int = Field(32, ge=1, description="held-out prompts scored at each evaluation")
     profile_top_k: int = Field(0, ge=0, description="retrieved profile posts shown in the policy prompt")
+    world: WorldConfig | None = Field(
+        None, description="a synthetic world to build the shards from when `shards` does not exist yet (`pr-rlhf "
+                          "train` builds it; shards of another world there are an error)")
+    plan: Literal["none", "rubrics"] = Field(
+        "none", description="aspects shown in the policy prompt: none, or the shards' rubric of each query (the "
+                            "synthetic world's gold rubric; PRB / LaMP-QA rubrics on real data)")
 
 
 class RLConfig(StrictModel):
@@ -39,6 +46,8 @@ class RLConfig(StrictModel):
                                                        "alike, so the policy learns the answer space, not the "
                                                        "preferences); a random-init policy needs it")
     warmup_sft_batch: int = Field(16, ge=1)
+    warmup_sft_lr: float | None = Field(None, gt=0, description="learning rate of the warm start (default: the "
+                                                                "learner's lr, which RL keeps)")
     eval_every: int = Field(5, ge=1)
     eval_samples: int = Field(4, ge=1, description="samples per held-out prompt at evaluation")
     checkpoint_every: int = Field(5, ge=1)

@@ -53,6 +53,10 @@ class WorldConfig(BaseModel):
         1.0, gt=0, description="Std of archetype weight entries. Archetypes are N(0, scale^2) draws, centred "
                                "across archetypes (so the population has no consensus: the no-history "
                                "reference stays near chance) and rescaled back to this std.")
+    shared_preference: float = Field(
+        0.0, ge=0, description="Std of one population-wide weight vector added to every archetype after centring: "
+                               "what most users agree on (0 = no consensus). RL worlds set it so that a policy "
+                               "can also improve for users it knows nothing about.")
     users: int = Field(200, ge=1, description="Number of seen users (history + val + test pairs).")
     cold_start_users: int = Field(40, ge=0, description="Number of cold-start users (1 history pair + test pairs).")
     history_size: int = Field(

@@ -20,7 +20,8 @@ from pr_rlhf.world.attributes import CATALOG, detect, draw_plan, gold_utility, r
 from pr_rlhf.world.config import WorldConfig
 from pr_rlhf.world.topics import GENERIC_NARRATIVES, SUBSETS, TOPICS, Topic, topics_of
 
-_STREAMS = {"archetypes": 1, "user": 2, "pairs": 3, "text": 4, "profile": 5, "oracle": 6, "bootstrap": 7}
+_STREAMS = {"archetypes": 1, "user": 2, "pairs": 3, "text": 4, "profile": 5, "oracle": 6, "bootstrap": 7,
+            "shared": 8}
 
 
 def stream(seed: int, name: str, *index: int) -> np.random.Generator:
@@ -187,7 +188,8 @@ def build_world(config: WorldConfig | None = None) -> World:
 
 
 def draw_archetypes(config: WorldConfig) -> np.ndarray:
-    """Archetype weight vectors ~N(0, scale^2), centred across archetypes so the population mean is zero.
+    """Archetype weight vectors ~N(0, scale^2), centred across archetypes so the population mean is zero, plus
+    an optional shared vector ~N(0, shared_preference^2) that every archetype gets (the population's consensus).
 
     Centring makes personalization necessary (no answer style is preferred by everyone); the factor
     sqrt(A/(A-1)) restores the entries' expected variance after centring.
@@ -196,7 +198,9 @@ def draw_archetypes(config: WorldConfig) -> np.ndarray:
     raw = stream(config.seed, "archetypes").normal(0.0, 1.0, size=(a, k))
     if a > 1:
         raw = (raw - raw.mean(axis=0, keepdims=True)) * np.sqrt(a / (a - 1))
-    return raw * config.archetype_scale
+    shared = stream(config.seed, "shared").normal(0.0, config.shared_preference, size=k) \
+        if config.shared_preference > 0 else np.zeros(k)
+    return raw * config.archetype_scale + shared
 
 
 def user_id_of(index: int) -> str:
