@@ -3,7 +3,8 @@
 # here is ever stopped: its processes are found by its own temp dir, never with `ray stop` (which stops every Ray
 # on the machine).
 #
-#   cluster/local_head.sh start TEMP_DIR [--worker]   # prints the job-submission address (head) and exits
+#   cluster/local_head.sh start TEMP_DIR [--worker]   # prints the job-submission address (head) and exits;
+#                                                     # --worker: a second node joining RAY_HEAD_ADDRESS
 #   cluster/local_head.sh stop  TEMP_DIR
 #
 # Environment: RAY_PORT (GCS, default 6390), RAY_DASHBOARD_PORT (default 8265), RAY_NUM_CPUS (default nproc),
@@ -39,7 +40,9 @@ cluster_pids() {
 case "$cmd" in
   start)
     if [ "$role" = "--worker" ]; then
-      "$ray_bin" start --address "${RAY_HEAD_ADDRESS:-127.0.0.1:$port}" --node-ip-address 127.0.0.1 \
+      # a second node on this machine, on loopback too (see loopback_worker.py for why not plain `ray start`)
+      python "$here/loopback_worker.py" \
+        --address "${RAY_HEAD_ADDRESS:-127.0.0.1:$port}" --node-ip-address 127.0.0.1 \
         --temp-dir "$temp_dir" --num-cpus "$cpus" --resources "$resources" --disable-usage-stats \
         ${extra_ports[@]+"${extra_ports[@]}"} >"$temp_dir/start-worker.log" 2>&1
     else

@@ -1,4 +1,7 @@
-"""`ray job submit` of the GRPO recipe against a Ray head this test starts on 127.0.0.1 (and stops: only it)."""
+"""`ray job submit` against Ray clusters this test starts on 127.0.0.1 (and stops: only them): the GRPO recipe end to
+end on one node, and a two-node cluster (head + worker node, own ports and custom resources) where the learner
+ranks and the rollout workers land on different nodes through their placement groups."""
+import contextlib
 import json
 import os
 import re
@@ -13,6 +16,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY = str(ROOT / ".venv" / "bin" / "ray") if (ROOT / ".venv" / "bin" / "ray").exists() else "ray"
+SCRIPT = str(ROOT / "cluster" / "local_head.sh")
+# short and quick: 2 GRPO steps of the tiny recipe (its world is built inside the job)
+SHORT = ["train.steps=2", "train.prompts_per_step=2", "train.group_size=4", "train.max_tokens=8",
+         "train.eval_every=2", "train.checkpoint_every=2", "train.warmup_sft_steps=2", "train.warmup_sft_batch=4",
+         "train.data.heldout_prompts=2", "train.eval_samples=2"]
 
 
 def free_port() -> int:
@@ -21,45 +29,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def local_head(tmp_path):
-    # Own ports for everything another Ray on this machine (e.g. the test session's cluster) may already hold.
-    env = {**os.environ, "RAY_PORT": str(free_port()), "RAY_DASHBOARD_PORT": str(free_port()),
-           "RAY_AGENT_PORT": str(free_port()), "RAY_AGENT_GRPC_PORT": str(free_port()),
-           "RAY_METRICS_PORT": str(free_port()), "RAY_CLIENT_PORT": str(free_port()),
-           "RAY_NUM_CPUS": "4", "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+def own_ports() -> dict:
+    """Ports another Ray on this machine (the test session's, or the other node) may already hold."""
+    return {"RAY_AGENT_PORT": str(free_port()), "RAY_AGENT_GRPC_PORT": str(free_port()),
+            "RAY_METRICS_PORT": str(free_port()), "RAY_CLIENT_PORT": str(free_port())}
+
+
+@contextlib.contextmanager
+def local_cluster(head_resources: dict | None = None, worker_resources: dict | None = None, cpus: int = 4):
+    """A head (and optionally a worker node) on 127.0.0.1; yields (job address, env). Stops exactly these."""
+    gcs_port = free_port()
+    env = {**os.environ, "RAY_PORT": str(gcs_port), "RAY_DASHBOARD_PORT": str(free_port()),
+           "RAY_NUM_CPUS": str(cpus), "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     # Ray's unix sockets live under the temp dir and their paths may not exceed 107 bytes: keep it short.
-    temp_dir = Path(tempfile.mkdtemp(prefix="prr-"))
-    script = str(ROOT / "cluster" / "local_head.sh")
-    address = subprocess.run(["bash", script, "start", str(temp_dir)], env=env, check=True, capture_output=True,
-                             text=True, timeout=180).stdout.strip()
+    dirs = [Path(tempfile.mkdtemp(prefix="prr-"))]
     try:
+        address = subprocess.run(
+            ["bash", SCRIPT, "start", str(dirs[0])], check=True, capture_output=True, text=True, timeout=180,
+            env={**env, **own_ports(), "RAY_RESOURCES": json.dumps(head_resources or {})}).stdout.strip()
+        if worker_resources is not None:
+            dirs.append(Path(tempfile.mkdtemp(prefix="prw-")))
+            subprocess.run(["bash", SCRIPT, "start", str(dirs[1]), "--worker"], check=True, timeout=180,
+                           env={**env, **own_ports(), "RAY_RESOURCES": json.dumps(worker_resources),
+                                "RAY_HEAD_ADDRESS": f"127.0.0.1:{gcs_port}"})
         yield address, env
     finally:
-        subprocess.run(["bash", script, "stop", str(temp_dir)], env=env, timeout=120)
+        for d in reversed(dirs):
+            subprocess.run(["bash", SCRIPT, "stop", str(d)], env=env, timeout=120)
         left = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        assert f"{temp_dir}/session_" not in left, "the test's Ray cluster is still running"
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+            assert f"{d}/session_" not in left, f"the test's Ray node ({d}) is still running"
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_submit_grpo_recipe(local_head, tmp_path):
-    from pr_rlhf.config import DataConfig
-    from data_pipelines.build import build_shards
-    from pr_rlhf.world.config import WorldConfig
-
-    address, env = local_head
-    shards = tmp_path / "shards"
-    build_shards(DataConfig(source="synthetic", out=str(shards), retrieval={"embedder": "bm25"}),
-                 WorldConfig(users=12, cold_start_users=3, rendering="compact", reference_samples=200))
-    out = tmp_path / "run"
-    sets = ["train.rollout.backend=hf", "train.rollout.model=tiny", "train.rollout.dtype=float32",
-            "train.learner.model=tiny", "train.learner.world_size=1", "train.steps=2", "train.prompts_per_step=2",
-            "train.group_size=4", "train.max_tokens=8", "train.eval_every=2", "train.checkpoint_every=2",
-            "train.data.heldout_prompts=2", "train.eval_samples=2", "train.data.profile_top_k=0",
-            "reward.pool.num_cpus=0.5", f"train.data.shards={shards}"]
-    entry = ["python", "-m", "pr_rlhf.cli", "train", "recipes/grpo_personalized.yaml", "--out", str(out)]
+def submit_and_wait(address: str, env: dict, recipe: str, out: Path, sets: list[str], timeout_s: float = 600):
+    entry = ["python", "-m", "pr_rlhf.cli", "train", recipe, "--out", str(out)]
     for s in sets:
         entry += ["--set", s]
     cmd = [RAY, "job", "submit", "--address", address, "--working-dir", str(ROOT),
@@ -75,17 +79,49 @@ def test_submit_grpo_recipe(local_head, tmp_path):
 
     os.environ["RAY_AUTH_MODE"] = "disabled"  # this process talks to the test's loopback-only head
     client = JobSubmissionClient(address)
-    deadline = time.time() + 600
+    deadline = time.time() + timeout_s
     status = client.get_job_status(job_id)
     while time.time() < deadline and not status.is_terminal():
         time.sleep(3)
         status = client.get_job_status(job_id)
     assert status == JobStatus.SUCCEEDED, client.get_job_logs(job_id)[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_submit_grpo_recipe(tmp_path):
+    out = tmp_path / "run"
+    with local_cluster() as (address, env):
+        submit_and_wait(address, env, "recipes/grpo_tiny.yaml", out,
+                        [*SHORT, f"train.data.shards={tmp_path / 'shards'}"])
     history = json.loads((out / "history.json").read_text())
     assert len(history["history"]) == 2 and "eval/heldout_reward_mean" in history["evals"][-1]
+    assert (tmp_path / "shards" / "manifest.json").is_file()   # the job built the recipe's world itself
 
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("grpo_personalized").experiment_id])
+    (run,) = client.search_runs([client.get_experiment_by_name("grpo_tiny").experiment_id])
     assert "reward/mean" in run.data.metrics and "time/rollout_s" in run.data.metrics
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_nodes_learner_and_rollout_placed_apart(tmp_path):
+    """Head offers `learner_host`, the worker node `rollout_host`: 2 FSDP ranks (gloo) go to the head, the rollout
+    worker to the other node, and the weights still reach it every step, as they would across hosts."""
+    out = tmp_path / "run"
+    sets = [*SHORT, f"train.data.shards={tmp_path / 'shards'}", "train.learner.world_size=2",
+            'train.learner.resources={"learner_host": 1}', 'train.rollout_resources={"rollout_host": 1}']
+    with local_cluster({"learner_host": 2}, {"rollout_host": 2}, cpus=2) as (address, env):
+        submit_and_wait(address, env, "recipes/grpo_tiny.yaml", out, sets)
+    placement = json.loads((out / "placement.json").read_text())
+    nodes = placement["nodes"]
+    assert len(nodes) == 2, nodes
+    learner_node = next(n for n, res in nodes.items() if "learner_host" in res)
+    rollout_node = next(n for n, res in nodes.items() if "rollout_host" in res)
+    assert learner_node != rollout_node
+    assert placement["learner"] == [learner_node, learner_node]
+    assert placement["rollout"] == [rollout_node]
+    history = json.loads((out / "history.json").read_text())
+    assert len(history["history"]) == 2 and history["history"][-1]["time/weight_sync_s"] > 0

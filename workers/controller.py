@@ -149,6 +149,11 @@ class RLController:
         self.on_step = on_step or (lambda _m: None)
         self.train_prompts, self.heldout_prompts = load_prompts(self.cfg)
         self._workers_started = False
+        self.learner: Any = None
+        self.reward_pool: Any = None
+        self.rollouts: list = []
+        self._rollout_pg: Any = None
+        self.placement: dict = {}
 
     # ------------------------------------------------------------------------------------------ workers
     def reward_config(self):
@@ -167,29 +172,60 @@ class RLController:
         """Logical CPUs the run's actors ask Ray for (a local Ray must offer at least this many)."""
         cfg = self.cfg
         learner = cfg.learner.world_size * cfg.learner.num_cpus_per_worker
-        return learner + cfg.rollout_workers * 1.0 + self.recipe.reward.pool.workers * self.recipe.reward.pool.num_cpus
+        pool = self.recipe.reward.pool
+        return learner + cfg.rollout_workers * cfg.rollout_num_cpus + pool.workers * pool.num_cpus
 
     def start_workers(self) -> None:
         from workers.learner import LearnerGroup
         from workers.reward import RewardPool
         from workers.rollout import spawn_rollout_worker
 
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from workers.ray_utils import reserve_bundles
+
         cfg = self.cfg
         learner_cfg = cfg.learner.model_copy(update={"temperature": cfg.temperature, "seed": self.recipe.seed})
+        self._workers_started = True  # from here on, shutdown() releases whatever was started
         self.learner = LearnerGroup(learner_cfg, name=None)
-        self.rollouts = [spawn_rollout_worker(cfg.rollout) for _ in range(cfg.rollout_workers)]
+        bundle = {"CPU": cfg.rollout_num_cpus, **({"GPU": cfg.rollout_num_gpus} if cfg.rollout_num_gpus else {}),
+                  **cfg.rollout_resources}
+        self._rollout_pg = reserve_bundles([dict(bundle) for _ in range(cfg.rollout_workers)], "PACK", "rollout")
+        self.rollouts = [spawn_rollout_worker(cfg.rollout, num_cpus=cfg.rollout_num_cpus,
+                                              num_gpus=cfg.rollout_num_gpus, resources=dict(cfg.rollout_resources),
+                                              scheduling_strategy=PlacementGroupSchedulingStrategy(
+                                                  placement_group=self._rollout_pg,
+                                                  placement_group_bundle_index=i))
+                         for i in range(cfg.rollout_workers)]
         self.reward_pool = RewardPool(self.reward_config())
-        self._workers_started = True
+        self.placement = self._placement()
+
+    def _placement(self) -> dict:
+        """Where every actor of the run landed: node ids, and each node's custom resources."""
+        import ray
+
+        from workers.ray_utils import node_resources
+
+        return {"nodes": node_resources(),
+                "learner": [info["node_id"] for info in self.learner.describe()],
+                "rollout": [info["node_id"] for info in ray.get([w.ready.remote() for w in self.rollouts])],
+                "reward": [info["node_id"] for info in ray.get([w.ready.remote() for w in self.reward_pool.workers])]}
 
     def shutdown(self) -> None:
         if not self._workers_started:
             return
         import ray
 
-        self.reward_pool.close()
+        from workers.ray_utils import release_bundles
+
+        if self.reward_pool is not None:
+            self.reward_pool.close()
+        if self.learner is not None:
+            self.learner.shutdown()
         for w in self.rollouts:
             ray.kill(w)
-        self.learner.shutdown()
+        release_bundles(self._rollout_pg)
+        self.learner, self.reward_pool, self.rollouts, self._rollout_pg = None, None, [], None
         self._workers_started = False
 
     # ------------------------------------------------------------------------------------------ phases
@@ -361,8 +397,9 @@ class RLController:
     def run(self) -> RLResult:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "recipe.yaml").write_text(dump_recipe(self.recipe))
-        self.start_workers()
         try:
+            self.start_workers()
+            (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
             start, history, evals = self.restore()
             if start == 0:
                 if self.cfg.warmup_sft_steps:

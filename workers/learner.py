@@ -83,6 +83,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pr_rlhf.train.config import LearnerConfig
+from workers.ray_utils import release_bundles, reserve_bundles
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Self
@@ -458,7 +459,7 @@ class LearnerWorker:
                 "model_dir": self.model_dir, "local_policy_params": int(n_params),
                 "reference": self.ref is not None, "critic": self.critic is not None,
                 "optimizer_steps": self.optimizer_steps, "setup_time_s": getattr(self, "setup_time_s", None),
-                "pid": os.getpid()}
+                "pid": os.getpid(), "node_id": self.node_endpoint()[2]}
 
     def _load_causal_lm(self, dtype: torch.dtype, trainable: bool) -> nn.Module:
         from transformers import AutoModelForCausalLM
@@ -1158,22 +1159,15 @@ class LearnerGroup:
     def __init__(self, config: LearnerConfig | Mapping[str, Any], *, name: str | None = None,
                  ready_timeout_s: float = 300.0, runtime_env: dict[str, Any] | None = None) -> None:
         import ray
-        from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.config = config if isinstance(config, LearnerConfig) else LearnerConfig.model_validate(config)
         cfg = self.config
         self.world_size = cfg.world_size
         use_gpu = cfg.device == "cuda" or (cfg.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
-        bundle = {"CPU": cfg.num_cpus_per_worker, **({"GPU": 1.0} if use_gpu else {})}
-        self._pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK",
-                                   name=f"{name}-pg" if name else "")
-        try:
-            ray.get(self._pg.ready(), timeout=ready_timeout_s)
-        except Exception as exc:
-            remove_placement_group(self._pg)
-            raise RuntimeError(f"learner placement group ({self.world_size} x {bundle}) not ready after "
-                               f"{ready_timeout_s:.0f} s; cluster resources: {ray.available_resources()}") from exc
+        bundle = {"CPU": cfg.num_cpus_per_worker, **({"GPU": 1.0} if use_gpu else {}), **cfg.resources}
+        self._pg = reserve_bundles([dict(bundle) for _ in range(self.world_size)], cfg.placement_strategy,
+                                   "learner", ready_timeout_s)
         remote_cls = ray.remote(LearnerWorker)
         options: dict[str, Any] = {"num_cpus": cfg.num_cpus_per_worker, "num_gpus": 1.0 if use_gpu else 0}
         if runtime_env:
@@ -1275,16 +1269,13 @@ class LearnerGroup:
     def shutdown(self) -> None:
         """Kill the actors and release the placement group."""
         import ray
-        from ray.util.placement_group import remove_placement_group
 
         for w in getattr(self, "workers", []):
             with suppress(Exception):  # already gone
                 ray.kill(w)
         self.workers = []
-        if getattr(self, "_pg", None) is not None:
-            with suppress(Exception):
-                remove_placement_group(self._pg)
-            self._pg = None
+        release_bundles(getattr(self, "_pg", None))
+        self._pg = None
 
     def __enter__(self) -> Self:
         return self

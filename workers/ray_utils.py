@@ -38,6 +38,52 @@ class LocalRay:
 _STATE: LocalRay | None = None
 
 
+def current_node_id() -> str:
+    """The Ray node this process runs on ("local" outside Ray): actors report it so placement can be checked."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
+    except Exception:  # noqa: BLE001 - outside an actor or a driver
+        return "local"
+
+
+def node_resources() -> dict[str, dict[str, float]]:
+    """node id -> that node's custom resources (CPU, GPU, memory and Ray's own node:... markers left out)."""
+    import ray
+
+    builtin = ("CPU", "GPU", "memory", "object_store_memory", "accelerator_type")
+    return {n["NodeID"]: {k: v for k, v in n.get("Resources", {}).items()
+                          if not k.startswith(builtin) and not k.startswith("node:")}
+            for n in ray.nodes() if n.get("Alive")}
+
+
+def reserve_bundles(bundles: list[dict[str, float]], strategy: str, what: str, timeout_s: float = 300.0) -> Any:
+    """A ready placement group for ``bundles``, or a clear error naming ``what`` and the cluster's free resources
+    (an actor asking for resources no node offers would otherwise wait forever)."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    pg = placement_group(bundles, strategy=strategy)
+    try:
+        ray.get(pg.ready(), timeout=timeout_s)
+    except Exception as exc:
+        remove_placement_group(pg)
+        raise RuntimeError(f"{what}: placement group ({len(bundles)} x {bundles[0]}, {strategy}) not ready after "
+                           f"{timeout_s:.0f} s; free resources: {ray.available_resources()}") from exc
+    return pg
+
+
+def release_bundles(pg: Any) -> None:
+    from contextlib import suppress
+
+    from ray.util.placement_group import remove_placement_group
+
+    if pg is not None:
+        with suppress(Exception):  # already gone
+            remove_placement_group(pg)
+
+
 def loopback_env() -> None:
     """Environment that keeps Ray on loopback and quiet; effective for processes Ray starts from here on."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"

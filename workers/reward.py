@@ -258,7 +258,9 @@ class RewardWorker:
         self.peak_active = 0
 
     def ready(self) -> dict[str, Any]:
-        return {"worker_id": self.worker_id, "pid": os.getpid()}
+        from workers.ray_utils import current_node_id
+
+        return {"worker_id": self.worker_id, "pid": os.getpid(), "node_id": current_node_id()}
 
     def score(self, requests: Sequence[RewardRequest], attempts: Sequence[int] | None = None) -> list[RewardResult]:
         attempts = list(attempts) if attempts is not None else [1] * len(requests)
@@ -348,6 +350,7 @@ class RewardPool:
         self._incarnation[index] += 1
         worker_id = f"reward-{index}.{self._incarnation[index]}"
         options = {"num_cpus": self._pool.num_cpus, "num_gpus": self._pool.num_gpus,
+                   **({"resources": dict(self._pool.resources)} if self._pool.resources else {}),
                    "max_concurrency": self._pool.max_inflight + 2, "max_restarts": 0, "max_task_retries": 0,
                    **self._options}
         # The config travels as plain data: unpickling it needs no import in the worker.

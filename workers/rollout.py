@@ -41,8 +41,10 @@ class RolloutWorker:
 
     def ready(self) -> dict[str, Any]:
         """Returns once the engine is built (actor creation is asynchronous)."""
+        from workers.ray_utils import current_node_id
+
         return {"backend": self.cfg.backend, "model": self.cfg.model, "pid": os.getpid(),
-                "weights_version": self.weights_version}
+                "weights_version": self.weights_version, "node_id": current_node_id()}
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
         return self.engine.generate(list(prompts), params)

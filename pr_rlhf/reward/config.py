@@ -36,6 +36,8 @@ class RewardPoolConfig(StrictModel):
     workers: int = Field(1, ge=1, description="reward worker actors; requests are routed by user (sticky)")
     num_cpus: float = Field(1.0, ge=0, description="Ray CPUs per worker (logical; fractions allowed)")
     num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per worker")
+    resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources per worker "
+                                                                         "(pins workers to the nodes offering them)")
     batch_size: int = Field(8, ge=1, description="requests per call to a worker")
     max_inflight: int = Field(2, ge=1, description="batches outstanding per worker at any time")
     max_attempts: int = Field(3, ge=1, description="sends per request (worker deaths, failed calls) before the "

@@ -65,6 +65,12 @@ class LearnerConfig(StrictModel):
     zero_stage: int = Field(2, ge=1, le=3, description="ZeRO stage (strategy 'deepspeed' only)")
     num_cpus_per_worker: float = Field(0.5, gt=0, description="Ray CPU resources per rank (fractional lets two "
                                                               "ranks fit a 2-core machine)")
+    resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources per rank (in its "
+                                                                         "placement-group bundle), e.g. "
+                                                                         "{learner_host: 1} pins ranks to the "
+                                                                         "nodes that offer it")
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="placement-group strategy of the ranks' bundles (STRICT_SPREAD: one rank per node)")
     gradient_checkpointing: bool = False
 
     # optimizer (AdamW)

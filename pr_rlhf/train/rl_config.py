@@ -56,6 +56,11 @@ class RLConfig(StrictModel):
     out: str = "runs/rl"
     rollout: EngineConfig = Field(default_factory=EngineConfig)
     rollout_workers: int = Field(1, ge=1)
+    rollout_num_cpus: float = Field(1.0, gt=0, description="Ray CPUs per rollout worker")
+    rollout_num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per rollout worker (1 for a vLLM on GPU)")
+    rollout_resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources per "
+                                                                                  "rollout worker, e.g. "
+                                                                                  "{rollout_host: 1}")
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     data: RLDataConfig = Field(default_factory=RLDataConfig)
 
