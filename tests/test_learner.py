@@ -207,8 +207,26 @@ def test_positive_advantage_raises_the_sequence_logprob(pair):
     lp1 = two.compute_logprobs(single)
     assert lp1.shape == (1, 5)
     assert two.update_policy(dict(single, old_logprobs=lp1, advantages=[1.0]))["actor/optimizer_steps"] == 1
-    with pytest.raises(Exception, match="old_logprobs"):
-        two.update_policy(dict(single, advantages=[1.0]))
+    with pytest.raises(Exception, match="old_logprobs"):   # 9 samples in mini-batches of 4: off-policy after the first
+        two.update_policy(dict(make_batch(3, n=9), advantages=[1.0] * 9))
+
+
+def test_on_policy_update_without_old_logprobs_is_the_same_update(ray_cluster):  # noqa: F811
+    """One epoch over one mini-batch: the learner takes the old log-probs from its own update forward (no
+    separate pass) and lands on the same weights as with a separate old-log-prob pass."""
+    cfg = {**BASE, "mini_batch_size": None, "critic": {"enabled": False}}
+    batch = make_batch(8)
+    adv = torch.linspace(-1.0, 1.0, 7)
+    states = []
+    for with_old in (True, False):
+        with LearnerGroup(LearnerConfig(**cfg, strategy="fsdp2", world_size=2)) as group:
+            b = dict(batch, advantages=adv)
+            if with_old:
+                b["old_logprobs"] = group.compute_logprobs(batch)
+            metrics = group.update_policy(b)
+            assert metrics["actor/optimizer_steps"] == 1 and metrics["actor/ratio_mean"] == pytest.approx(1.0)
+            states.append(group.state_dict_for_rollout())
+    assert max(float((states[0][k] - states[1][k]).abs().max()) for k in states[0]) < 1e-6
 
 
 def test_critic_update_reduces_value_loss(pair):

@@ -304,10 +304,14 @@ class RLController:
         token_rewards[torch.arange(len(rows)), lengths - 1] = torch.tensor(rewards, dtype=torch.float32)
 
         metrics: dict[str, float] = {}
-        with timer.phase("old_logprobs"):
-            batch["old_logprobs"] = self.learner.compute_logprobs(batch)
         kl_cfg = cfg.learner.kl
-        if kl_cfg.coef > 0 and kl_cfg.where == "reward":
+        kl_in_reward = kl_cfg.coef > 0 and kl_cfg.where == "reward"
+        mini = cfg.learner.mini_batch_size
+        single_update = cfg.learner.ppo_epochs == 1 and (mini is None or mini >= len(rows))
+        if kl_in_reward or not single_update:  # else the learner takes them from its own update forward
+            with timer.phase("old_logprobs"):
+                batch["old_logprobs"] = self.learner.compute_logprobs(batch)
+        if kl_in_reward:
             with timer.phase("ref_logprobs"):
                 ref = self.learner.compute_ref_logprobs(batch)
             kl = kl_penalty(batch["old_logprobs"], ref, kl_cfg.kind)

@@ -581,11 +581,24 @@ class LearnerWorker:
         """Per-token log-probs ``[b, T]`` (float32) of the response tokens, and optionally their entropies."""
         from pr_rlhf.algos import entropy_from_logits
 
-        input_ids, attention, positions, t = self._inputs(mb)
-        with self._autocast():
-            out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=False,
-                        logits_to_keep=t + 1)
-        logits = out.logits[:, :-1].float()
+        packed = None
+        if self.config.shared_prefix:
+            from pr_rlhf.train.packing import pack_shared_prefix
+
+            packed = pack_shared_prefix(mb["prompt_ids"], mb["prompt_mask"], mb["response_ids"],
+                                        mb["response_attention_mask"], self.pad_token_id)
+        if packed is not None:  # a group's prompt once, its responses after it (exactly the same log-probs)
+            with self._autocast():
+                out = model(input_ids=packed.input_ids.to(self.device),
+                            attention_mask=packed.attention_mask.to(self.device),
+                            position_ids=packed.position_ids.to(self.device), use_cache=False)
+            logits = out.logits[packed.gather_group.to(self.device), packed.gather_pos.to(self.device)].float()
+        else:
+            input_ids, attention, positions, t = self._inputs(mb)
+            with self._autocast():
+                out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=False,
+                            logits_to_keep=t + 1)
+            logits = out.logits[:, :-1].float()
         if self.config.temperature != 1.0:
             logits = logits / self.config.temperature
         targets = mb["response_ids"].to(self.device)
@@ -736,12 +749,17 @@ class LearnerWorker:
         cfg = self.config
         t0 = time.perf_counter()
         b = self._canonical(batch)
-        for name in ("old_logprobs", "advantages"):
-            if name not in b:
-                raise KeyError(f"update_policy needs {name!r} in the batch (have {sorted(b)})")
+        if "advantages" not in b:
+            raise KeyError(f"update_policy needs 'advantages' in the batch (have {sorted(b)})")
         if cfg.kl_in_loss and "ref_logprobs" not in b:
             b["ref_logprobs"] = self.compute_ref_logprobs(b)
         minis = self._mini_batches(b)
+        # On-policy shortcut (as TRL does): with one epoch over one mini-batch the policy being updated *is* the
+        # behaviour policy, so the old log-probs are this forward's own, detached; no separate pass is needed.
+        on_policy = "old_logprobs" not in b
+        if on_policy and not self.single_update(len(minis)):
+            raise KeyError(f"update_policy needs 'old_logprobs' in the batch (have {sorted(b)}): without them only "
+                           f"a single on-policy update (ppo_epochs 1, one mini-batch) is possible")
         mbs = cfg.micro_batch_size
         sums: dict[str, float] = {}  # token-weighted local sums of per-micro-batch stats
         losses = {"pg_loss": 0.0, "kl_loss": 0.0, "entropy_loss": 0.0}
@@ -767,8 +785,9 @@ class LearnerWorker:
                         continue
                     mask = mb["response_mask"].to(self.device)
                     logp, entropy = self._policy_forward(self.policy, mb, True, entropy_grad=cfg.entropy_coef > 0)
+                    old = logp.detach() if on_policy else mb["old_logprobs"].to(self.device)
                     pg_loss, stats = POLICY_LOSSES.call(
-                        cfg.policy_loss, mb["old_logprobs"].to(self.device), logp, mb["advantages"].to(self.device),
+                        cfg.policy_loss, old, logp, mb["advantages"].to(self.device),
                         mask, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
                         clip_ratio_c=cfg.clip_ratio_c, agg_mode=cfg.loss_agg_mode, global_batch=gb)
                     loss = pg_loss
@@ -797,6 +816,9 @@ class LearnerWorker:
         self.optimizer_steps += steps
         return self._metrics("actor", sums, losses, norms, post_norms, steps, skipped, cfg.lr, t0,
                              n_updates=max(1, len(norms)))
+
+    def single_update(self, n_minibatches: int) -> bool:
+        return self.config.ppo_epochs == 1 and n_minibatches <= 1
 
     def update_sft(self, batch: Mapping[str, Any], lr: float | None = None) -> dict[str, float]:
         """One supervised step: token-mean negative log-likelihood of the response tokens (the prompt is context

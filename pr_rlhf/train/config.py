@@ -83,6 +83,9 @@ class LearnerConfig(StrictModel):
 
     # batching
     micro_batch_size: int = Field(4, ge=1, description="samples per forward/backward on one rank")
+    shared_prefix: bool = Field(True, description="compute a prompt shared by several samples of a micro-batch "
+                                                  "once (GRPO groups), packing its responses behind it with a "
+                                                  "block attention mask; identical log-probs, fewer tokens")
     forward_micro_batch_size: int | None = Field(None, ge=1, description="samples per no-grad forward "
                                                                         "(log-probs, values); default: "
                                                                         "micro_batch_size")
