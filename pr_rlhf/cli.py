@@ -214,7 +214,7 @@ def train(recipe: Path = typer.Argument(..., help="recipe YAML with train: and r
 
 
 def run_train_stage(recipe: Recipe, address: Optional[str] = None):
-    from workers.controller import RLController
+    from workers.controller import RLController, heldout_rise
     from workers.ray_utils import init_ray
 
     import math
@@ -243,9 +243,11 @@ def run_train_stage(recipe: Recipe, address: Optional[str] = None):
 
     result = controller.run()
     first, last = result.evals[0], result.evals[-1]
+    rise = heldout_rise(first, last)
     console.print(f"[green]done[/] held-out reward {first['eval/heldout_reward_mean']:+.3f} (step {first['step']})"
-                  f" -> {last['eval/heldout_reward_mean']:+.3f} (step {last['step']}); run dir {result.run_dir}",
-                  highlight=False)
+                  f" -> {last['eval/heldout_reward_mean']:+.3f} (step {last['step']}): rise {rise['rise']:+.3f} "
+                  f"[95% CI {rise['ci_low']:+.3f}, {rise['ci_high']:+.3f}], paired over {rise['prompts']} "
+                  f"prompts; run dir {result.run_dir}", highlight=False)
     return result
 
 
@@ -254,9 +256,10 @@ def quickstart(out: Path = typer.Option(Path("runs/quickstart"), "--out", "-o", 
                recipe: Path = typer.Option(Path("recipes/quickstart.yaml"), "--recipe", "-r"),
                overrides: Optional[List[str]] = OverridesOpt) -> None:
     """The main job on the embedded default (local, CPU, no network): the synthetic persona world's shards,
-    then every reward-model evaluation mode on them with the tiny models."""
+    every reward-model evaluation mode on them with the tiny models, then GRPO with personalized rewards."""
     placed = [f"data.out={json.dumps(str(out / 'data'))}", f"eval.shards={json.dumps(str(out / 'data'))}",
-              f"eval.out={json.dumps(str(out / 'eval'))}"]
+              f"eval.out={json.dumps(str(out / 'eval'))}", f"train.out={json.dumps(str(out / 'rl'))}",
+              f"train.data.shards={json.dumps(str(out / 'rl_world'))}"]
     resolved = _recipe(recipe if recipe.exists() else None, placed + list(overrides or []))
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipe.yaml").write_text(dump_recipe(resolved))
@@ -266,10 +269,19 @@ def quickstart(out: Path = typer.Option(Path("runs/quickstart"), "--out", "-o", 
     print_build_report(report)
     console.rule("2. reward models on held-out pairs (base models: untrained, expect ~50% or parse failures)")
     result = run_eval_stage(resolved)
+    rl = None
+    if resolved.train is not None:
+        console.rule("3. GRPO with personalized rewards (tiny policy; held-out = cold-start users)")
+        rl = run_train_stage(resolved)
     console.rule("[bold green]done")
     console.print(f"shards: {report.out_dir} (inspect: `pr-rlhf data inspect {report.out_dir}`)\n"
                   f"eval:   {result.run_dir} (report.md, accuracy.png, predictions.parquet; mlflow: "
                   f"{result.run_dir / 'mlflow.db'})", highlight=False)
+    if rl is not None:
+        first, last = rl.evals[0], rl.evals[-1]
+        console.print(f"rl:     {rl.run_dir} (history.json, checkpoints/; mlflow: {rl.run_dir / 'mlflow.db'}); "
+                      f"held-out reward {first['eval/heldout_reward_mean']:+.3f} -> "
+                      f"{last['eval/heldout_reward_mean']:+.3f}", highlight=False)
 
 
 def main() -> None:

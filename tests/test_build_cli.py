@@ -107,3 +107,17 @@ def test_library_never_imports_workers_or_pipelines(path):
     if path.name == "cli.py":  # the entry point dispatches to them (lazily, inside commands)
         return
     assert not _imports(path) & {"workers", "data_pipelines"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_quickstart_runs_every_stage(tmp_path):
+    """The README's main job, shrunk: shards, every evaluation cell, then the GRPO stage on its own world."""
+    out = tmp_path / "qs"
+    sets = [*SMALL_WORLD, "eval.max_pairs=6", "data.retrieval.embedder=bm25", "train.steps=2",
+            "train.eval_every=2", "train.warmup_sft_steps=2", "train.data.heldout_prompts=4", "train.eval_samples=2"]
+    done = run_cli("quickstart", "--out", str(out), *[a for s in sets for a in ("--set", s)])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (out / "data" / "manifest.json").is_file() and (out / "eval" / "report.md").is_file()
+    assert (out / "rl_world" / "manifest.json").is_file() and (out / "rl" / "history.json").is_file()
+    assert "held-out reward" in done.stdout and (out / "rl" / "mlflow.db").is_file()

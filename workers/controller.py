@@ -27,6 +27,7 @@ from pr_rlhf.shards import ShardReader
 from pr_rlhf.tracking import make_tracker
 from pr_rlhf.train.rl_config import RLConfig, RLDataConfig
 
+PER_PROMPT = "heldout_reward_per_prompt"   # an evaluation's mean reward per held-out prompt (same prompts each time)
 COMPLETE = "COMPLETE"          # written last into a checkpoint folder: only complete ones are resumed from
 CONTROLLER_STATE = "controller.json"
 
@@ -103,6 +104,19 @@ def load_warmup_answers(cfg: RLConfig) -> list[tuple[PromptItem, str]]:
         item = make_item(r, cfg.data, plans)
         out += [(item, r["chosen"]), (item, r["rejected"])]
     return out
+
+
+def heldout_rise(first: dict, last: dict, n_bootstrap: int = 2000, seed: int = 0) -> dict[str, float]:
+    """Paired rise of the held-out reward between two evaluations: the mean over prompts of (last - first) with a
+    95% bootstrap CI over prompts. Pairing removes what differs between users (their attainable reward), which
+    dominates the unpaired CIs of each evaluation."""
+    diff = np.asarray(last[PER_PROMPT]) - np.asarray(first[PER_PROMPT])
+    low, high = accuracy_ci(diff, n_bootstrap=n_bootstrap, seed=seed)
+    return {"rise": float(diff.mean()), "ci_low": low, "ci_high": high, "prompts": int(diff.size)}
+
+
+def loggable(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if k != PER_PROMPT}
 
 
 def prompt_order(n: int, seed: int, epoch: int) -> np.ndarray:
@@ -271,9 +285,13 @@ class RLController:
         rewards = self._score(flat_items, texts, f"eval{step}")
         # samples of one prompt are not independent: the CI resamples whole prompts
         low, high = accuracy_ci(rewards, seed=step, clusters=[item.prompt_id for item in flat_items])
+        index = np.array([i for i, g in enumerate(gens) for _ in g.samples])
+        per_prompt = (np.bincount(index, weights=rewards, minlength=len(items))
+                      / np.maximum(np.bincount(index, minlength=len(items)), 1)).tolist()
         return {"step": step, "eval/heldout_reward_mean": float(rewards.mean()),
                 "eval/heldout_reward_std": float(rewards.std()),
-                "eval/heldout_reward_ci_low": low, "eval/heldout_reward_ci_high": high}
+                "eval/heldout_reward_ci_low": low, "eval/heldout_reward_ci_high": high,
+                PER_PROMPT: per_prompt}
 
     def train_step(self, step: int) -> dict:
         cfg = self.cfg
@@ -415,7 +433,7 @@ class RLController:
                 tracker.log_params(self.recipe.model_dump(mode="json"))
                 if start == 0:
                     evals.append(self.evaluate(0))
-                    tracker.log_metrics(evals[-1], step=0)
+                    tracker.log_metrics(loggable(evals[-1]), step=0)
                 for step in range(start, self.cfg.steps):
                     metrics = self.train_step(step)
                     history.append(metrics)
@@ -423,8 +441,8 @@ class RLController:
                     done = step + 1
                     if done % self.cfg.eval_every == 0 or done == self.cfg.steps:
                         evals.append(self.evaluate(done))
-                        tracker.log_metrics(evals[-1], step=done)
-                        metrics = {**metrics, **{k: v for k, v in evals[-1].items() if k != "step"}}
+                        tracker.log_metrics(loggable(evals[-1]), step=done)
+                        metrics = {**metrics, **{k: v for k, v in loggable(evals[-1]).items() if k != "step"}}
                     self.on_step(metrics)
                     if done % self.cfg.checkpoint_every == 0 or done == self.cfg.steps:
                         self.save(done, history, evals)
