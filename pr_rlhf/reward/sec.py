@@ -330,7 +330,8 @@ def format_sec(sec: SEC) -> str:
     final = sec.final or sec.weighted_sums() or {}
     lines = ["<persona>", sec.persona.strip(), "</persona>", "<criteria>"]
     for i, c in enumerate(sec.criteria, 1):
-        parts = [f"{i}. {_field(c.name)}", f"weight: {_num(c.weight * 100)}"]
+        # rounded at the precision normalize() keeps, so 0.21 prints as 21, not 21.000000000000004
+        parts = [f"{i}. {_field(c.name)}", f"weight: {_num(round(c.weight * 100, WEIGHT_DECIMALS - 2))}"]
         lines.append(" | ".join(parts + ([_field(c.description)] if c.description.strip() else [])))
     lines += ["</criteria>", "<scores>"]
     for i, s in enumerate(sec.scores, 1):

@@ -1,0 +1,1 @@
+"""P-GenRM training: teacher chains (PSI), and the data each training stage consumes."""

@@ -1,0 +1,106 @@
+"""The oracle teacher of PSI on the synthetic world: correct evaluation chains (SEC) written from the world's own
+posterior, the training targets of P-GenRM's supervised stage.
+
+For a pair of one user, given that user's history pairs (x_chosen - x_rejected per pair):
+
+- **persona**: first the evidence (in each history pair, which attribute values the user chose over which), then
+  what the posterior says the user values: the attributes whose posterior-mean weight is clearly positive or
+  negative. Listing the evidence first gives a small model the chain's reasoning to copy, step by step.
+- **criteria**: the attributes on which the two responses differ (the only ones that can decide between them), in
+  the rubric wording of the direction the posterior favours, weighted by |posterior-mean weight| (percentages
+  summing to 100).
+- **scores**: per criterion, the response whose value the user likely prefers gets 5 + a, the other 5 - a, with
+  a in 1..4 growing with the posterior's confidence; final scores are the weighted sums.
+
+Targets come from the posterior given the history (what can be known), never from the hidden true weights. The
+chain's choice is the sign of its weighted-sum difference; rejection sampling keeps a chain only when that choice
+is the labelled chosen answer (as the paper's teacher data), so the kept share is about the oracle's accuracy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pr_rlhf.reward.sec import SEC, Criterion, CriterionScore
+from pr_rlhf.world.attributes import CATALOG
+from pr_rlhf.world.generator import World, WorldPair
+from pr_rlhf.world.reference import WorldPrior
+
+CLEAR_WEIGHT = 0.25   # |posterior-mean weight| above which the persona states a preference
+
+
+@dataclass
+class OracleChain:
+    pair_id: str
+    sec: SEC
+    first_is_chosen: bool        # slot order: response_1 is the chosen answer
+    correct: bool                # the chain prefers the chosen answer
+    posterior_mean: np.ndarray
+
+
+def signed(name: str, value: int) -> str:
+    """Compact value token: ``+examples`` (has it) / ``-examples`` (lacks it)."""
+    return f"{'+' if value else '-'}{name}"
+
+
+def evidence_lines(world: World, history: list[WorldPair]) -> list[str]:
+    """One line per history pair: the values the user chose, then those they rejected (differing ones only)."""
+    names = world.attribute_names
+    lines = []
+    for i, pair in enumerate(history, 1):
+        diff = [j for j in range(len(names)) if pair.x_chosen[j] != pair.x_rejected[j]]
+        chose = " ".join(signed(names[j], pair.x_chosen[j]) for j in diff)
+        over = " ".join(signed(names[j], pair.x_rejected[j]) for j in diff)
+        lines.append(f"Example {i}: chose {chose} over {over}")
+    return lines
+
+
+def persona_text(world: World, history: list[WorldPair], mean: np.ndarray) -> str:
+    """The evidence, then the clear preferences of the posterior mean (strongest first)."""
+    names = world.attribute_names
+    order = np.argsort(-np.abs(mean))
+    clear = [signed(names[j], int(mean[j] > 0)) for j in order if abs(mean[j]) > CLEAR_WEIGHT]
+    return "\n".join(evidence_lines(world, history) + [f"Prefers: {' '.join(clear) if clear else 'nothing clear yet'}"])
+
+
+def percentages(raw: list[float]) -> list[int]:
+    """Integer percentages >= 1 summing to 100, proportional to ``raw`` (largest remainder)."""
+    total = sum(raw)
+    exact = [100 * r / total for r in raw]
+    out = [max(1, int(e)) for e in exact]
+    for i in sorted(range(len(raw)), key=lambda i: exact[i] - int(exact[i]), reverse=True):
+        if sum(out) >= 100:
+            break
+        out[i] += 1
+    while sum(out) > 100:                       # the floor of 1 overshot: take from the largest
+        out[out.index(max(out))] -= 1
+    return out
+
+
+def oracle_chain(world: World, prior: WorldPrior, pair: WorldPair, history: list[WorldPair],
+                 first_is_chosen: bool) -> OracleChain:
+    """The oracle's chain for ``pair`` with ``history``, responses in the given slot order."""
+    names = world.attribute_names
+    hist = np.array([p.differing for p in history]).reshape(-1, len(names))
+    mean = prior.posterior_weights(hist) @ prior.samples
+    x1, x2 = (pair.x_chosen, pair.x_rejected) if first_is_chosen else (pair.x_rejected, pair.x_chosen)
+    differing = [j for j in range(len(names)) if x1[j] != x2[j]]
+    scale = max(float(np.abs(mean[differing]).max()), 1e-9) if differing else 1.0
+    criteria, scores = [], []
+    raw_weights = [max(abs(float(mean[j])), 1e-3) for j in differing]
+    for j, pct in zip(differing, percentages(raw_weights)):
+        attr = CATALOG[names[j]]
+        wants = bool(mean[j] > 0)
+        a = 1 + int(round(3 * abs(float(mean[j])) / scale))
+        first_fits = bool(x1[j]) == wants
+        s1, s2 = (5 + a, 5 - a) if first_fits else (5 - a, 5 + a)
+        label = attr.aspect(wants)
+        criteria.append(Criterion(label, pct / 100))
+        scores.append(CriterionScore(label, float(s1), float(s2), signed(attr.name, int(wants))))
+    sec = SEC(persona=persona_text(world, history, mean), criteria=criteria, scores=scores)
+    final = sec.weighted_sums() or {"response_1": 5.0, "response_2": 5.0}
+    sec.final = {k: round(v, 4) for k, v in final.items()}
+    prefers_first = sec.final["response_1"] > sec.final["response_2"]
+    correct = prefers_first == first_is_chosen and sec.final["response_1"] != sec.final["response_2"]
+    return OracleChain(pair.pair_id, sec, first_is_chosen, correct, mean)

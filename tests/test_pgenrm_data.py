@@ -1,0 +1,66 @@
+"""PSI teacher data on the synthetic world: oracle evaluation chains, their accuracy, and the SFT examples."""
+import numpy as np
+import pytest
+
+from pr_rlhf.pgenrm.oracle_chain import oracle_chain, percentages
+from pr_rlhf.pgenrm.psi_data import psi_examples
+from pr_rlhf.reward.sec import format_sec, parse_sec
+from pr_rlhf.world.config import WorldConfig
+from pr_rlhf.world.generator import build_world
+from pr_rlhf.world.reference import WorldPrior, reference_accuracies
+
+
+@pytest.fixture(scope="module")
+def world():
+    return build_world(WorldConfig(users=60, cold_start_users=5, reference_samples=2000))
+
+
+def test_percentages_sum_to_100():
+    for raw in ([1.0], [0.3, 0.3, 0.3], [5.0, 0.001, 0.001], [0.2, 0.7, 0.1, 0.05]):
+        pct = percentages(raw)
+        assert sum(pct) == 100 and min(pct) >= 1 and len(pct) == len(raw)
+
+
+def test_chains_parse_back_and_are_as_accurate_as_the_oracle(world):
+    prior = WorldPrior.of(world)
+    rng = np.random.default_rng(0)
+    correct = []
+    for user in world.users:
+        if user.cold_start:
+            continue
+        history = world.history(user.user_id, 3)
+        for pair in world.pairs_of(user.user_id):
+            if pair.split not in ("val", "test"):
+                continue
+            first = bool(rng.random() < 0.5)
+            chain = oracle_chain(world, prior, pair, history, first)
+            parsed = parse_sec(format_sec(chain.sec), strict=True)
+            assert parsed.ok, parsed
+            sec = parsed.value
+            assert len(sec.criteria) == int(np.abs(pair.differing).sum())   # exactly the differing attributes
+            assert sum(c.weight for c in sec.criteria) == pytest.approx(1.0)
+            assert sec.persona.startswith("Example 1: chose")
+            prefers_first = sec.final["response_1"] > sec.final["response_2"]
+            correct.append(prefers_first == first)
+    oracle = reference_accuracies(world)["oracle"]
+    assert abs(np.mean(correct) - oracle.accuracy) < 0.04, (np.mean(correct), oracle)
+
+
+def test_psi_examples_are_rejection_sampled_and_deterministic(world):
+    examples, stats = psi_examples(world, history_size=3, seed=0)
+    again, _ = psi_examples(world, history_size=3, seed=0)
+    assert [e.target for e in examples] == [e.target for e in again]
+    assert stats.examples == 60 * 5 and 0.7 < stats.kept_share < 0.95, stats
+    assert len(examples) == stats.kept and all(e.correct for e in examples)
+    assert 0.35 < np.mean([e.first_is_chosen for e in examples]) < 0.65
+    history_ids = {p.pair_id for u in world.users for p in world.history(u.user_id, 3)}
+    assert not history_ids & {e.pair_id for e in examples}
+    e = examples[0]
+    prompt = e.messages[-1]["content"]
+    assert "Example 1" in prompt and "[Response 1]" in prompt and "[Response 2]" in prompt
+    parsed = parse_sec(e.target, strict=True).value
+    assert (parsed.final["response_1"] > parsed.final["response_2"]) == e.first_is_chosen
+    hard_kept, hard_seen = stats.per_hardness["hard"]
+    assert 0 < hard_kept <= hard_seen
+    everything, all_stats = psi_examples(world, history_size=3, seed=0, keep_incorrect=True)
+    assert len(everything) == all_stats.examples and sum(not e.correct for e in everything) > 0
