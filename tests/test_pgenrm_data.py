@@ -64,3 +64,19 @@ def test_psi_examples_are_rejection_sampled_and_deterministic(world):
     assert 0 < hard_kept <= hard_seen
     everything, all_stats = psi_examples(world, history_size=3, seed=0, keep_incorrect=True)
     assert len(everything) == all_stats.examples and sum(not e.correct for e in everything) > 0
+
+
+def test_compact_style_is_shorter_and_parses_to_the_same_choice():
+    world = build_world(WorldConfig(users=20, cold_start_users=2, reference_samples=1000, rendering="compact"))
+    full, full_stats = psi_examples(world, style="full")
+    compact, compact_stats = psi_examples(world, style="compact")
+    assert full_stats.kept == compact_stats.kept and [e.pair_id for e in full] == [e.pair_id for e in compact]
+    for f, c in zip(full, compact):
+        pf, pc = parse_sec(f.target, strict=True).value, parse_sec(c.target, strict=True).value
+        assert pf.final == pc.final and [x.weight for x in pf.criteria] == [x.weight for x in pc.criteria]
+        assert all(x.name[0] in "+-" for x in pc.criteria)
+        assert len(c.target) < len(f.target)
+        size = lambda e: sum(len(m["content"]) for m in e.messages)  # noqa: E731
+        assert size(c) < 0.5 * size(f)
+        assert c.messages[-1]["content"].startswith("User 1: ")
+    assert sum(len(c.target) for c in compact) < 0.85 * sum(len(f.target) for f in full)

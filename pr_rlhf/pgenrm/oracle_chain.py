@@ -19,6 +19,7 @@ is the labelled chosen answer (as the paper's teacher data), so the kept share i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from pr_rlhf.world.attributes import CATALOG
 from pr_rlhf.world.generator import World, WorldPair
 from pr_rlhf.world.reference import WorldPrior
 
+ChainStyle = Literal["full", "compact"]
 CLEAR_WEIGHT = 0.25   # |posterior-mean weight| above which the persona states a preference
 
 
@@ -79,8 +81,10 @@ def percentages(raw: list[float]) -> list[int]:
 
 
 def oracle_chain(world: World, prior: WorldPrior, pair: WorldPair, history: list[WorldPair],
-                 first_is_chosen: bool) -> OracleChain:
-    """The oracle's chain for ``pair`` with ``history``, responses in the given slot order."""
+                 first_is_chosen: bool, style: ChainStyle = "full") -> OracleChain:
+    """The oracle's chain for ``pair`` with ``history``, responses in the given slot order. ``style="compact"``
+    names each criterion by its signed attribute token (``+detail``) and leaves reasons out: criteria and scores
+    in about half the characters (the evidence-first persona is the same), for small models."""
     names = world.attribute_names
     hist = np.array([p.differing for p in history]).reshape(-1, len(names))
     mean = prior.posterior_weights(hist) @ prior.samples
@@ -95,9 +99,10 @@ def oracle_chain(world: World, prior: WorldPrior, pair: WorldPair, history: list
         a = 1 + int(round(3 * abs(float(mean[j])) / scale))
         first_fits = bool(x1[j]) == wants
         s1, s2 = (5 + a, 5 - a) if first_fits else (5 - a, 5 + a)
-        label = attr.aspect(wants)
+        token = signed(attr.name, int(wants))
+        label = attr.aspect(wants) if style == "full" else token
         criteria.append(Criterion(label, pct / 100))
-        scores.append(CriterionScore(label, float(s1), float(s2), signed(attr.name, int(wants))))
+        scores.append(CriterionScore(label, float(s1), float(s2), token if style == "full" else ""))
     sec = SEC(persona=persona_text(world, history, mean), criteria=criteria, scores=scores)
     final = sec.weighted_sums() or {"response_1": 5.0, "response_2": 5.0}
     sec.final = {k: round(v, 4) for k, v in final.items()}
