@@ -382,13 +382,14 @@ class LearnerWorker:
     # ------------------------------------------------------------------------------------------------- setup
     def node_endpoint(self) -> tuple[str, int, str]:
         """(this node's IP, a free port, the Ray node id): rank 0 offers the first two as MASTER_ADDR / PORT."""
-        try:
-            import ray
+        from workers.ray_utils import current_node_id
 
-            ip, node = ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
-        except Exception:  # noqa: BLE001 - outside Ray
-            ip, node = "127.0.0.1", "local"
-        return ip, _free_port(), node
+        node = current_node_id()   # "local" outside Ray (asking Ray's runtime context would start a Ray)
+        if node == "local":
+            return "127.0.0.1", _free_port(), node
+        import ray
+
+        return ray.util.get_node_ip_address(), _free_port(), node
 
     def setup(self, master_addr: str | None = None, master_port: int | None = None) -> dict[str, Any]:
         """Join the process group, load the models, build the optimizers. Returns a short description."""
