@@ -80,3 +80,37 @@ def test_compact_style_is_shorter_and_parses_to_the_same_choice():
         assert size(c) < 0.5 * size(f)
         assert c.messages[-1]["content"].startswith("User 1: ")
     assert sum(len(c.target) for c in compact) < 0.85 * sum(len(f.target) for f in full)
+
+
+def test_cre_reward_outcome_process_and_format_penalty(world):
+    from pr_rlhf.pgenrm.cre_reward import cre_reward, criterion_attribute
+
+    assert criterion_attribute("+detail") == ("detail", True)
+    assert criterion_attribute("Keeps a calm, measured tone without exclamation marks") == ("enthusiasm", False)
+    assert criterion_attribute("Be nice") is None
+    prior = WorldPrior.of(world)
+    names = world.attribute_names
+    user = world.users[0]
+    history = world.history(user.user_id, 3)
+    pair = next(p for p in world.pairs_of(user.user_id, "test") if np.abs(p.differing).sum() >= 2)
+    for style in ("full", "compact"):
+        for first in (True, False):
+            chain = oracle_chain(world, prior, pair, history, first, style)
+            x1, x2 = (pair.x_chosen, pair.x_rejected) if first else (pair.x_rejected, pair.x_chosen)
+            r = cre_reward(format_sec(chain.sec), first, names, x1, x2, user.weights)
+            assert r.parsed and r.outcome == float(chain.correct)
+            # the oracle's signs are the posterior's: where they match the true weights, the criterion counts
+            diff = [j for j in range(len(names)) if x1[j] != x2[j]]
+            agree = [j for j in diff if (chain.posterior_mean[j] > 0) == (user.weights[j] > 0)]
+            want = sum(abs(user.weights[j]) for j in agree) / sum(abs(user.weights[j]) for j in diff)
+            assert r.process == pytest.approx(want)
+            assert r.reward == pytest.approx(0.5 * r.process + r.outcome)
+    truth_chain = oracle_chain(world, prior, pair, history, True, "compact")
+    for c, s in zip(truth_chain.sec.criteria, truth_chain.sec.scores):   # rewrite with the true directions
+        j = names.index(c.name[1:])
+        c.name = s.name = ("+" if user.weights[j] > 0 else "-") + names[j]
+    assert cre_reward(format_sec(truth_chain.sec), True, names, pair.x_chosen, pair.x_rejected,
+                      user.weights).process == pytest.approx(1.0)
+    bad = cre_reward("no chain at all", True, names, pair.x_chosen, pair.x_rejected, user.weights)
+    assert (bad.reward, bad.parsed, bad.outcome) == (-0.1, False, None)
+    assert cre_reward("<final>{oops", True, names, pair.x_chosen, pair.x_rejected, user.weights).reward == -0.1
