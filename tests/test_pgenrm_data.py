@@ -114,3 +114,28 @@ def test_cre_reward_outcome_process_and_format_penalty(world):
     bad = cre_reward("no chain at all", True, names, pair.x_chosen, pair.x_rejected, user.weights)
     assert (bad.reward, bad.parsed, bad.outcome) == (-0.1, False, None)
     assert cre_reward("<final>{oops", True, names, pair.x_chosen, pair.x_rejected, user.weights).reward == -0.1
+
+
+def test_planner_examples_round_trip_and_aspect_metrics(tmp_path):
+    from data_pipelines.build import build_shards
+    from pr_rlhf.config import DataConfig
+    from pr_rlhf.pgenrm.planner_data import aspect_precision_recall, planner_examples, world_aspect_key
+    from pr_rlhf.reward.planner import parse_aspects
+
+    out = tmp_path / "shards"
+    build_shards(DataConfig(source="synthetic", out=str(out), retrieval={"embedder": "bm25"}),
+                 WorldConfig(users=6, cold_start_users=2, reference_samples=200))
+    train = planner_examples(str(out), splits=("train",))
+    test = planner_examples(str(out), splits=("test",))
+    assert train and test and not {e.query_id for e in train} & {e.query_id for e in test}
+    e = train[0]
+    assert "Post 1 (Category:" in e.messages[-1]["content"] and e.messages[-1]["content"].rstrip().endswith(
+        "Aspects this user expects from an answer:")
+    assert parse_aspects(e.target).value == e.aspects and len(e.aspects) == 3
+    gold = e.aspects
+    assert aspect_precision_recall(gold, gold, world_aspect_key) == (1.0, 1.0)
+    assert aspect_precision_recall(gold[:1] + ["Be kind"], gold, world_aspect_key) == (0.5, 1 / 3)
+    flipped = [f"{'-' if wants else '+'}{name}" for name, wants in map(world_aspect_key, gold)]
+    assert aspect_precision_recall(flipped, gold, world_aspect_key) == (0.0, 0.0)   # right topic, wrong direction
+    assert aspect_precision_recall([g.upper() + "." for g in gold], gold) == (1.0, 1.0)   # text match normalizes
+    assert aspect_precision_recall([], gold) == (0.0, 0.0)
