@@ -72,8 +72,9 @@ import random
 import shutil
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -353,6 +354,34 @@ def _atomic_write_text(path: Path, text: str) -> None:
 # =================================================================================================================
 # The worker
 # =================================================================================================================
+
+@dataclass
+class _UpdateLog:
+    """What one update call accumulates on this rank: token-weighted stat sums, loss sums, step outcomes."""
+
+    losses: dict[str, float]
+    epochs: int = 1                                    # passes over the data (num_tokens is per pass)
+    sums: dict[str, float] = field(default_factory=dict)
+    norms: list[float] = field(default_factory=list)
+    post_norms: list[float] = field(default_factory=list)
+    steps: int = 0
+    skipped: int = 0
+
+    def add_token_stats(self, mask: torch.Tensor, per_token_means: Mapping[str, Any], **token_sums: float) -> None:
+        """Stats that are means over the micro-batch's tokens (weighted by its token count) and plain sums."""
+        w = float(mask.sum())
+        for k, v in per_token_means.items():
+            self.sums[k] = self.sums.get(k, 0.0) + float(v) * w
+        for k, v in token_sums.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+        self.sums["_tokens"] = self.sums.get("_tokens", 0.0) + w
+
+    def record_step(self, norm: float, post: float, stepped: bool) -> None:
+        self.norms.append(norm)
+        self.post_norms.append(post)
+        self.steps += int(stepped)
+        self.skipped += int(not stepped)
+
 
 class LearnerWorker:
     """One learner rank. Use through ``LearnerGroup`` (Ray); a single-rank worker also runs in-process:
@@ -738,6 +767,28 @@ class LearnerWorker:
         if self.config.strategy != "deepspeed":
             optimizer.zero_grad(set_to_none=True)
 
+    def _accumulated_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, b: Mapping[str, torch.Tensor],
+                          rows: torch.Tensor, size: int, log: _UpdateLog,
+                          micro_loss: Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor],
+                          idle_output: Callable[[dict[str, torch.Tensor]], torch.Tensor]) -> None:
+        """One optimizer step over ``rows`` in micro-batches of ``size``: gradients accumulate, ranks synchronize
+        on the last micro-batch. ``micro_loss(mb, mask)`` is the loss of a micro-batch with response tokens (it
+        may record stats in ``log``); a rank with fewer rows, or only masked ones, backpropagates zero times
+        ``idle_output`` of a stand-in so that every FSDP collective is matched."""
+        self._zero_grad(model, optimizer)
+        n_micro = self._micro_batches(rows, size)
+        for j in range(n_micro):
+            chunk = rows[j * size:(j + 1) * size]
+            last = j == n_micro - 1
+            self._set_sync(model, last)
+            mb = take_rows(b, chunk) if len(chunk) else None
+            if mb is None or float(mb["response_mask"].sum()) == 0:
+                self._backward(model, idle_output(mb or self._dummy_micro_batch()).sum() * 0.0, last)
+                continue
+            self._backward(model, micro_loss(mb, mb["response_mask"].to(self.device)), last)
+        log.record_step(*self._step(model, optimizer))
+        self._set_sync(model, True)
+
     def update_policy(self, batch: Mapping[str, Any]) -> dict[str, float]:
         """PPO / GRPO policy update: ``ppo_epochs`` passes over the mini-batches, one AdamW step each.
 
@@ -761,30 +812,15 @@ class LearnerWorker:
         if on_policy and not self.single_update(len(minis)):
             raise KeyError(f"update_policy needs 'old_logprobs' in the batch (have {sorted(b)}): without them only "
                            f"a single on-policy update (ppo_epochs 1, one mini-batch) is possible")
-        mbs = cfg.micro_batch_size
-        sums: dict[str, float] = {}  # token-weighted local sums of per-micro-batch stats
-        losses = {"pg_loss": 0.0, "kl_loss": 0.0, "entropy_loss": 0.0}
-        norms: list[float] = []
-        post_norms: list[float] = []
-        steps = skipped = 0
+        log = _UpdateLog({"pg_loss": 0.0, "kl_loss": 0.0, "entropy_loss": 0.0}, epochs=cfg.ppo_epochs)
         self.policy.train()
         for _epoch in range(cfg.ppo_epochs):
             for rows in minis:
                 gb, g_tokens, g_seqs = self._global_batch_info(b["response_mask"][rows])
                 if (g_seqs if cfg.loss_agg_mode.startswith("seq") else g_tokens) == 0:
                     continue  # nothing to learn from anywhere: every rank skips together
-                self._zero_grad(self.policy, self.optimizer)
-                n_micro = self._micro_batches(rows, mbs)
-                for j in range(n_micro):
-                    chunk = rows[j * mbs:(j + 1) * mbs]
-                    last = j == n_micro - 1
-                    self._set_sync(self.policy, last)
-                    mb = take_rows(b, chunk) if len(chunk) else None
-                    if mb is None or float(mb["response_mask"].sum()) == 0:
-                        logp, _ = self._policy_forward(self.policy, mb or self._dummy_micro_batch(), False)
-                        self._backward(self.policy, logp.sum() * 0.0, last)
-                        continue
-                    mask = mb["response_mask"].to(self.device)
+
+                def micro_loss(mb: dict[str, torch.Tensor], mask: torch.Tensor, gb=gb) -> torch.Tensor:
                     logp, entropy = self._policy_forward(self.policy, mb, True, entropy_grad=cfg.entropy_coef > 0)
                     old = logp.detach() if on_policy else mb["old_logprobs"].to(self.device)
                     pg_loss, stats = POLICY_LOSSES.call(
@@ -792,31 +828,23 @@ class LearnerWorker:
                         mask, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
                         clip_ratio_c=cfg.clip_ratio_c, agg_mode=cfg.loss_agg_mode, global_batch=gb)
                     loss = pg_loss
-                    losses["pg_loss"] += float(pg_loss.detach())
+                    log.losses["pg_loss"] += float(pg_loss.detach())
                     if cfg.entropy_coef > 0:
                         ent_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, global_batch=gb)
                         loss = loss - cfg.entropy_coef * ent_loss
-                        losses["entropy_loss"] += float(ent_loss.detach())
+                        log.losses["entropy_loss"] += float(ent_loss.detach())
                     if cfg.kl_in_loss:
                         kld = kl_penalty(logp, mb["ref_logprobs"].to(self.device), cfg.kl.kind)
                         kl_term = agg_loss(kld, mask, cfg.loss_agg_mode, global_batch=gb)
                         loss = loss + cfg.kl.coef * kl_term
-                        losses["kl_loss"] += float(kl_term.detach())
-                    self._backward(self.policy, loss, last)
-                    w = float(mask.sum())
-                    for k, v in stats.items():
-                        sums[k] = sums.get(k, 0.0) + float(v) * w
-                    sums["entropy"] = sums.get("entropy", 0.0) + float((entropy.detach() * mask).sum())
-                    sums["_tokens"] = sums.get("_tokens", 0.0) + w
-                norm, post, stepped = self._step(self.policy, self.optimizer)
-                norms.append(norm)
-                post_norms.append(post)
-                steps += int(stepped)
-                skipped += int(not stepped)
-        self._set_sync(self.policy, True)
-        self.optimizer_steps += steps
-        return self._metrics("actor", sums, losses, norms, post_norms, steps, skipped, cfg.lr, t0,
-                             n_updates=max(1, len(norms)))
+                        log.losses["kl_loss"] += float(kl_term.detach())
+                    log.add_token_stats(mask, stats, entropy=float((entropy.detach() * mask).sum()))
+                    return loss
+
+                self._accumulated_step(self.policy, self.optimizer, b, rows, cfg.micro_batch_size, log, micro_loss,
+                                       lambda mb: self._policy_forward(self.policy, mb, False)[0])
+        self.optimizer_steps += log.steps
+        return self._metrics("actor", log, cfg.lr, t0)
 
     def single_update(self, n_minibatches: int) -> bool:
         return self.config.ppo_epochs == 1 and n_minibatches <= 1
@@ -830,49 +858,30 @@ class LearnerWorker:
         t0 = time.perf_counter()
         b = self._canonical(batch)
         step_lr = cfg.lr if lr is None else float(lr)
+        gb, g_tokens, _ = self._global_batch_info(b["response_mask"])
+        log = _UpdateLog({"nll": 0.0})
+
+        def micro_loss(mb: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+            logp, _ = self._policy_forward(self.policy, mb, False)
+            # sum over this rank's tokens / global tokens, times dp_size (gradients are averaged over ranks)
+            loss = -(logp * mask).sum() / g_tokens * gb.dp_size
+            log.losses["nll"] += float(loss.detach())
+            log.add_token_stats(mask, {}, token_accuracy=float(((logp.detach() > math.log(0.5)) * mask).sum()))
+            return loss
+
+        self.policy.train()
         for group in self.optimizer.param_groups:
             group["lr"] = step_lr
-        rows = torch.arange(b["response_ids"].shape[0])
-        gb, g_tokens, _ = self._global_batch_info(b["response_mask"])
-        sums: dict[str, float] = {}
-        losses = {"nll": 0.0}
-        norms: list[float] = []
-        post_norms: list[float] = []
-        steps = skipped = 0
-        self.policy.train()
         try:
             if g_tokens > 0:
-                self._zero_grad(self.policy, self.optimizer)
-                mbs = cfg.micro_batch_size
-                n_micro = self._micro_batches(rows, mbs)
-                for j in range(n_micro):
-                    chunk = rows[j * mbs:(j + 1) * mbs]
-                    last = j == n_micro - 1
-                    self._set_sync(self.policy, last)
-                    mb = take_rows(b, chunk) if len(chunk) else None
-                    if mb is None:
-                        logp, _ = self._policy_forward(self.policy, self._dummy_micro_batch(), False)
-                        self._backward(self.policy, logp.sum() * 0.0, last)
-                        continue
-                    mask = mb["response_mask"].to(self.device)
-                    logp, _ = self._policy_forward(self.policy, mb, False)
-                    # sum over this rank's tokens / global tokens, times dp_size (gradients are averaged over ranks)
-                    loss = -(logp * mask).sum() / g_tokens * gb.dp_size
-                    self._backward(self.policy, loss, last)
-                    losses["nll"] += float(loss.detach())
-                    sums["token_accuracy"] = sums.get("token_accuracy", 0.0) + float(
-                        ((logp.detach() > math.log(0.5)) * mask).sum())
-                    sums["_tokens"] = sums.get("_tokens", 0.0) + float(mask.sum())
-                norm, post, stepped = self._step(self.policy, self.optimizer)
-                norms.append(norm)
-                post_norms.append(post)
-                steps, skipped = int(stepped), int(not stepped)
+                self._accumulated_step(self.policy, self.optimizer, b, torch.arange(b["response_ids"].shape[0]),
+                                       cfg.micro_batch_size, log, micro_loss,
+                                       lambda mb: self._policy_forward(self.policy, mb, False)[0])
         finally:
-            self._set_sync(self.policy, True)
             for group in self.optimizer.param_groups:
                 group["lr"] = cfg.lr
-        self.optimizer_steps += steps
-        return self._metrics("sft", sums, losses, norms, post_norms, steps, skipped, step_lr, t0, n_updates=1)
+        self.optimizer_steps += log.steps
+        return self._metrics("sft", log, step_lr, t0)
 
     def rebase_reference(self) -> None:
         """Make the current policy the frozen reference and start a fresh optimizer: RL after a supervised warm
@@ -899,53 +908,32 @@ class LearnerWorker:
             if name not in b:
                 raise KeyError(f"update_critic needs {name!r} in the batch (have {sorted(b)})")
         minis = self._mini_batches(b)
-        mbs = cfg.critic.micro_batch_size or cfg.micro_batch_size
-        sums: dict[str, float] = {}
-        losses = {"vf_loss": 0.0}
-        norms: list[float] = []
-        post_norms: list[float] = []
-        steps = skipped = 0
+        log = _UpdateLog({"vf_loss": 0.0}, epochs=cfg.ppo_epochs)
         self.critic.train()
         for _epoch in range(cfg.ppo_epochs):
             for rows in minis:
                 gb, g_tokens, g_seqs = self._global_batch_info(b["response_mask"][rows])
                 if (g_seqs if cfg.loss_agg_mode.startswith("seq") else g_tokens) == 0:
                     continue
-                self._zero_grad(self.critic, self.critic_optimizer)
-                n_micro = self._micro_batches(rows, mbs)
-                for j in range(n_micro):
-                    chunk = rows[j * mbs:(j + 1) * mbs]
-                    last = j == n_micro - 1
-                    self._set_sync(self.critic, last)
-                    mb = take_rows(b, chunk) if len(chunk) else None
-                    if mb is None or float(mb["response_mask"].sum()) == 0:
-                        v = self._critic_forward(self.critic, mb or self._dummy_micro_batch())
-                        self._backward(self.critic, v.sum() * 0.0, last)
-                        continue
-                    mask = mb["response_mask"].to(self.device)
+
+                def micro_loss(mb: dict[str, torch.Tensor], mask: torch.Tensor, gb=gb) -> torch.Tensor:
                     vpreds = self._critic_forward(self.critic, mb)
                     loss, stats = value_loss(vpreds, mb["values"].to(self.device), mb["returns"].to(self.device),
                                              mask, cfg.critic.cliprange_value, cfg.loss_agg_mode, global_batch=gb)
-                    self._backward(self.critic, loss, last)
-                    losses["vf_loss"] += float(loss.detach())
-                    w = float(mask.sum())
-                    for k, v in stats.items():
-                        sums["vf_" + k] = sums.get("vf_" + k, 0.0) + float(v) * w
-                    sums["vpred_mean"] = sums.get("vpred_mean", 0.0) + float((vpreds.detach() * mask).sum())
-                    sums["_tokens"] = sums.get("_tokens", 0.0) + w
-                norm, post, stepped = self._step(self.critic, self.critic_optimizer)
-                norms.append(norm)
-                post_norms.append(post)
-                steps += int(stepped)
-                skipped += int(not stepped)
-        self._set_sync(self.critic, True)
-        self.critic_optimizer_steps += steps
-        return self._metrics("critic", sums, losses, norms, post_norms, steps, skipped, cfg.critic.lr, t0,
-                             n_updates=max(1, len(norms)))
+                    log.losses["vf_loss"] += float(loss.detach())
+                    log.add_token_stats(mask, {"vf_" + k: v for k, v in stats.items()},
+                                        vpred_mean=float((vpreds.detach() * mask).sum()))
+                    return loss
 
-    def _metrics(self, prefix: str, sums: dict[str, float], losses: dict[str, float], norms: list[float],
-                 post_norms: list[float], steps: int, skipped: int, lr: float, t0: float,
-                 n_updates: int) -> dict[str, float]:
+                self._accumulated_step(self.critic, self.critic_optimizer, b, rows,
+                                       cfg.critic.micro_batch_size or cfg.micro_batch_size, log, micro_loss,
+                                       lambda mb: self._critic_forward(self.critic, mb))
+        self.critic_optimizer_steps += log.steps
+        return self._metrics("critic", log, cfg.critic.lr, t0)
+
+    def _metrics(self, prefix: str, log: _UpdateLog, lr: float, t0: float) -> dict[str, float]:
+        sums, losses, norms, post_norms = log.sums, log.losses, log.norms, log.post_norms
+        n_updates = max(1, len(norms))
         # every rank saw the same mini-batches, so the union of stat names is the same on every rank except for
         # ranks that only ran dummy micro-batches: agree on the names first (sorted, via an object gather)
         names = sorted(sums)
@@ -973,9 +961,9 @@ class LearnerWorker:
         out[f"{prefix}/grad_norm_max"] = max(finite) if finite else 0.0
         out[f"{prefix}/grad_norm_post_clip"] = max((p for p in post_norms if math.isfinite(p)), default=0.0)
         out[f"{prefix}/lr"] = lr
-        out[f"{prefix}/optimizer_steps"] = float(steps)
-        out[f"{prefix}/skipped_steps"] = float(skipped)
-        out[f"{prefix}/num_tokens"] = tokens / max(1, self.config.ppo_epochs)
+        out[f"{prefix}/optimizer_steps"] = float(log.steps)
+        out[f"{prefix}/skipped_steps"] = float(log.skipped)
+        out[f"{prefix}/num_tokens"] = tokens / log.epochs
         out[f"{prefix}/update_time_s"] = time.perf_counter() - t0
         return out
 
