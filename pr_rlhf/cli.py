@@ -258,9 +258,12 @@ def quickstart(out: Path = typer.Option(Path("runs/quickstart"), "--out", "-o", 
     """The main job on the embedded default (local, CPU, no network): the synthetic persona world's shards,
     every reward-model evaluation mode on them with the tiny models, then GRPO with personalized rewards."""
     placed = [f"data.out={json.dumps(str(out / 'data'))}", f"eval.shards={json.dumps(str(out / 'data'))}",
-              f"eval.out={json.dumps(str(out / 'eval'))}", f"train.out={json.dumps(str(out / 'rl'))}",
-              f"train.data.shards={json.dumps(str(out / 'rl_world'))}"]
-    resolved = _recipe(recipe if recipe.exists() else None, placed + list(overrides or []))
+              f"eval.out={json.dumps(str(out / 'eval'))}"]
+    source = recipe if recipe.exists() else None
+    resolved = _recipe(source, placed + list(overrides or []))
+    if resolved.train is not None:  # placing train.* on a recipe without RL would conjure a default RL stage
+        placed += [f"train.out={json.dumps(str(out / 'rl'))}", f"train.data.shards={json.dumps(str(out / 'rl_world'))}"]
+        resolved = _recipe(source, placed + list(overrides or []))
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipe.yaml").write_text(dump_recipe(resolved))
     console.rule(f"[bold]pr-rlhf quickstart[/] -> {out}")

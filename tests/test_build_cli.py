@@ -121,3 +121,16 @@ def test_quickstart_runs_every_stage(tmp_path):
     assert (out / "data" / "manifest.json").is_file() and (out / "eval" / "report.md").is_file()
     assert (out / "rl_world" / "manifest.json").is_file() and (out / "rl" / "history.json").is_file()
     assert "held-out reward" in done.stdout and (out / "rl" / "mlflow.db").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_quickstart_recipe_without_rl_runs_no_rl_stage(tmp_path):
+    recipe = tmp_path / "no_rl.yaml"
+    recipe.write_text((ROOT / "recipes" / "quickstart.yaml").read_text().split("\nreward:")[0] + "\n")
+    out = tmp_path / "qs"
+    sets = [*SMALL_WORLD, "eval.max_pairs=4", "data.retrieval.embedder=bm25", "eval.modes=[pointwise]",
+            "eval.inputs=[none]"]
+    done = run_cli("quickstart", "--out", str(out), "--recipe", str(recipe), *[a for s in sets for a in ("--set", s)])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (out / "eval" / "report.md").is_file() and not (out / "rl").exists() and not (out / "rl_world").exists()

@@ -39,7 +39,7 @@ def test_world_shards_are_reused_and_never_confused(world_shards):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["grpo_tiny.yaml", "ppo_tiny.yaml"])
-def test_heldout_reward_rises(ray_cluster, world_shards, tmp_path, name):
+def test_heldout_reward_rises(ray_cluster, world_shards, tmp_path, name):  # noqa: F811
     """The shipped tiny recipes, unchanged: the mean reward on cold-start users (never trained on) rises from step
     0 to step 20, the 95% bootstrap CI of the rise (paired over the held-out prompts) above zero."""
     from workers.controller import RLController, heldout_rise
@@ -69,7 +69,7 @@ class Interrupt(RuntimeError):
     pass
 
 
-def test_interrupted_run_resumes_to_the_same_weights(ray_cluster, world_shards, tmp_path):
+def test_interrupted_run_resumes_to_the_same_weights(ray_cluster, world_shards, tmp_path):  # noqa: F811
     from workers.controller import RLController
 
     small = ["train.steps=4", "train.prompts_per_step=2", "train.group_size=4", "train.max_tokens=8",
