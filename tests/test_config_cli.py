@@ -65,3 +65,12 @@ def test_cli_help_and_check(tmp_path):
     ok = subprocess.run(CLI + ["check", str(ROOT / "recipes/quickstart.yaml"), "--set", "data.retrieval.top_k=3"],
                         capture_output=True, text=True, cwd=ROOT)
     assert ok.returncode == 0, ok.stderr
+
+
+def test_single_update_means_one_epoch_over_one_mini_batch():
+    from pr_rlhf.train.config import LearnerConfig
+
+    assert LearnerConfig().single_update(64)
+    assert LearnerConfig(mini_batch_size=64).single_update(64)
+    assert not LearnerConfig(mini_batch_size=16).single_update(64)
+    assert not LearnerConfig(ppo_epochs=2).single_update(8)

@@ -324,9 +324,8 @@ class RLController:
         metrics: dict[str, float] = {}
         kl_cfg = cfg.learner.kl
         kl_in_reward = kl_cfg.coef > 0 and kl_cfg.where == "reward"
-        mini = cfg.learner.mini_batch_size
-        single_update = cfg.learner.ppo_epochs == 1 and (mini is None or mini >= len(rows))
-        if kl_in_reward or not single_update:  # else the learner takes them from its own update forward
+        # a single on-policy step takes the old log-probs from the update's own forward (no separate pass)
+        if kl_in_reward or not cfg.learner.single_update(len(rows)):
             with timer.phase("old_logprobs"):
                 batch["old_logprobs"] = self.learner.compute_logprobs(batch)
         if kl_in_reward:

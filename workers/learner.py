@@ -809,7 +809,7 @@ class LearnerWorker:
         # On-policy shortcut (as TRL does): with one epoch over one mini-batch the policy being updated *is* the
         # behaviour policy, so the old log-probs are this forward's own, detached; no separate pass is needed.
         on_policy = "old_logprobs" not in b
-        if on_policy and not self.single_update(len(minis)):
+        if on_policy and not (cfg.ppo_epochs == 1 and len(minis) <= 1):
             raise KeyError(f"update_policy needs 'old_logprobs' in the batch (have {sorted(b)}): without them only "
                            f"a single on-policy update (ppo_epochs 1, one mini-batch) is possible")
         log = _UpdateLog({"pg_loss": 0.0, "kl_loss": 0.0, "entropy_loss": 0.0}, epochs=cfg.ppo_epochs)
@@ -845,9 +845,6 @@ class LearnerWorker:
                                        lambda mb: self._policy_forward(self.policy, mb, False)[0])
         self.optimizer_steps += log.steps
         return self._metrics("actor", log, cfg.lr, t0)
-
-    def single_update(self, n_minibatches: int) -> bool:
-        return self.config.ppo_epochs == 1 and n_minibatches <= 1
 
     def update_sft(self, batch: Mapping[str, Any], lr: float | None = None) -> dict[str, float]:
         """One supervised step: token-mean negative log-likelihood of the response tokens (the prompt is context

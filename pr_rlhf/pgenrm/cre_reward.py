@@ -39,7 +39,7 @@ def criterion_attribute(name: str) -> tuple[str, bool] | None:
 def process_reward(sec: SEC, names: Sequence[str], x_1: Sequence[int], x_2: Sequence[int],
                    true_weights: Sequence[float]) -> float:
     """PR in [0, 1] (1 when the responses differ in nothing: there is nothing to miss)."""
-    claimed = {a: wants for a, wants in (criterion_attribute(c.name) or (None, None) for c in sec.criteria) if a}
+    claimed = dict(found for found in map(criterion_attribute, (c.name for c in sec.criteria)) if found)
     total = covered = 0.0
     for name, v1, v2, w in zip(names, x_1, x_2, true_weights):
         if v1 == v2:

@@ -127,6 +127,11 @@ class LearnerConfig(StrictModel):
         """Whether the reference model is built eagerly (it is needed for the KL term)."""
         return self.kl.coef > 0
 
+    def single_update(self, batch_samples: int) -> bool:
+        """Whether updating on ``batch_samples`` samples is one on-policy optimizer step (one epoch over one
+        mini-batch): then the learner takes the old log-probs from its own forward."""
+        return self.ppo_epochs == 1 and (self.mini_batch_size is None or self.mini_batch_size >= batch_samples)
+
     @property
     def kl_in_loss(self) -> bool:
         return self.kl.coef > 0 and self.kl.where == "loss"
