@@ -17,6 +17,8 @@ app = typer.Typer(help="pr_rlhf: Ray-distributed RLHF for personalized reward mo
 data_app = typer.Typer(help="Build and inspect Arrow shards of profiles, rubrics and preference pairs.",
                        no_args_is_help=True)
 app.add_typer(data_app, name="data")
+report_app = typer.Typer(help="Reports from finished runs.", no_args_is_help=True)
+app.add_typer(report_app, name="report")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -249,6 +251,93 @@ def run_train_stage(recipe: Recipe, address: Optional[str] = None):
                   f"[95% CI {rise['ci_low']:+.3f}, {rise['ci_high']:+.3f}], paired over {rise['prompts']} "
                   f"prompts; run dir {result.run_dir}", highlight=False)
     return result
+
+
+@app.command()
+def pgenrm(recipe: Path = typer.Argument(..., help="recipe YAML with a pgenrm: section"),
+           stage: Optional[List[str]] = typer.Option(None, "--stage", help="run only this stage (repeatable): base, "
+                                                     "psi, cre, curriculum, cre_no_pr, cre_no_or"),
+           overrides: Optional[List[str]] = OverridesOpt,
+           out: Optional[Path] = typer.Option(None, "--out", "-o", help="run directory (pgenrm.out)"),
+           address: Optional[str] = typer.Option(None, help="Ray address; default: the cluster this job runs in "
+                                                            "(ray job submit), else a private local Ray")) -> None:
+    """Train P-GenRM on Ray: PSI (SFT on oracle chains) -> CRE (GRPO, process + outcome reward) -> hard-negative
+    curriculum, each stage evaluated by `pr-rlhf eval` on seen and cold-start users; then the ablation report."""
+    extra = [f"pgenrm.out={json.dumps(str(out))}"] if out else []
+    resolved = _recipe(recipe, list(overrides or []) + extra)
+    if resolved.pgenrm is None:
+        _fail(f"{recipe}: no pgenrm: section")
+    run_pgenrm_stage(resolved, list(stage or []) or None, address)
+
+
+def run_pgenrm_stage(recipe: Recipe, stages: Optional[List[str]] = None, address: Optional[str] = None):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from data_pipelines.build import ensure_world_shards
+    from pr_rlhf.pgenrm.config import STAGE_PARENT
+    from pr_rlhf.pgenrm.report import write_ablation_report
+    from workers.pgenrm import PGenRMPipeline, StageOrderError
+    from workers.ray_utils import init_ray
+
+    import os
+
+    cfg = recipe.pgenrm
+    for s in stages or []:
+        if s not in STAGE_PARENT:
+            _fail(f"--stage {s!r}: expected one of {', '.join(STAGE_PARENT)}")
+    console.rule(f"[bold]pgenrm[/] {' -> '.join(stages or cfg.stages)} -> {cfg.out}")
+    if ensure_world_shards(cfg.shards, cfg.world):
+        console.print(f"built the recipe's synthetic world -> {cfg.shards}")
+    init_ray(address, num_cpus=max(os.cpu_count() or 1, 3))
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[info]}"), console=console, transient=False) as progress:
+        bars: dict[str, int] = {}
+
+        def on_step(stage: str, done: int, total: int, m: dict) -> None:
+            if stage not in bars:
+                bars[stage] = progress.add_task(stage, total=total, info="")
+            if "reward/mean" in m:
+                info = (f"reward {m['reward/mean']:+.3f}  outcome {m['reward/outcome']:.2f}  "
+                        f"process {m['reward/process']:.2f}  parsed {m['reward/parse_rate']:.0%}")
+            else:
+                info = f"nll {m.get('sft/nll', float('nan')):.3f}  lr {m.get('sft/lr', 0):.1e}"
+            progress.update(bars[stage], completed=done, info=info)
+
+        pipeline = PGenRMPipeline(recipe, on_step=on_step, on_event=lambda msg: progress.console.print(msg))
+        try:
+            results = pipeline.run(stages)
+        except StageOrderError as exc:
+            _fail(str(exc))
+            raise
+    table = Table(title="P-GenRM stages (pairwise accuracy %, 95% CI)")
+    for col in ("stage", "seen users", "hard pairs", "cold-start users", "parse failures", "minutes"):
+        table.add_column(col)
+    for name, r in results.items():
+        seen, cold = r["seen"]["summary"], r["cold"]["summary"]
+        hard = r["seen"].get("hardness", {}).get("hard", {})
+        table.add_row(name, f"{100 * seen['accuracy']:.1f} [{100 * seen['ci_low']:.1f}, {100 * seen['ci_high']:.1f}]",
+                      f"{100 * hard.get('accuracy', float('nan')):.1f}",
+                      f"{100 * cold['accuracy']:.1f} [{100 * cold['ci_low']:.1f}, {100 * cold['ci_high']:.1f}]",
+                      f"{seen['failures']} / {cold['failures']}", f"{r['seconds'] / 60:.1f}")
+    console.print(table)
+    report = write_ablation_report(cfg.out, title=f"{recipe.name}: P-GenRM ablation", seed=recipe.seed)
+    console.print(f"ablation report: {report.markdown}, {report.figure}", highlight=False)
+    return results
+
+
+@report_app.command("ablation")
+def report_ablation(run_dir: Path = typer.Argument(..., help="a `pr-rlhf pgenrm` run directory (pgenrm.out)"),
+                    seed: int = typer.Option(0, help="bootstrap seed")) -> None:
+    """The P-GenRM ablation table (full; w/o curriculum; w/o PR; w/o OR; w/o RL; base) as markdown + PNG."""
+    from pr_rlhf.pgenrm.report import write_ablation_report
+
+    try:
+        report = write_ablation_report(run_dir, title=f"{run_dir}: P-GenRM ablation", seed=seed)
+    except FileNotFoundError as exc:
+        _fail(str(exc))
+        raise
+    console.print(report.markdown.read_text(), highlight=False)
+    console.print(f"written: {report.markdown}, {report.figure}, {report.json}", highlight=False)
 
 
 @app.command()

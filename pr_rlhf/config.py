@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pr_rlhf.config_base import EngineConfig, GenerationConfig, ScalarRMConfig, StrictModel
+from pr_rlhf.pgenrm.config import PGenRMConfig
 from pr_rlhf.reward.config import RewardConfig
 from pr_rlhf.train.rl_config import RLConfig
 from pr_rlhf.world.config import WorldConfig
@@ -50,15 +51,20 @@ class DataConfig(StrictModel):
 
 class EvalConfig(StrictModel):
     shards: str = Field("runs/quickstart/data", description="shard directory built by `pr-rlhf data build`")
-    split: str = "test"
+    split: str = Field("test", description="split of the evaluated pairs; several joined by '+' (val+test)")
     subsets: list[str] | None = None
     max_pairs: int | None = Field(None, ge=1, description="evaluate a seeded sample of at most this many pairs")
     modes: list[Literal["pointwise", "pairwise"]] = Field(default_factory=lambda: ["pointwise", "pairwise"])
     inputs: list[Literal["none", "profile", "plan"]] = Field(default_factory=lambda: ["none", "profile", "plan"])
     pointwise_model: Literal["scalar", "generative"] = Field("scalar", description="'scalar': sequence-"
         "classification RM; 'generative': the judge engine rates each answer 1-10")
-    pairwise_format: Literal["judge", "sec"] = Field("judge", description="'judge': ends with 'Result: A|B'; "
-                                                                          "'sec': the P-GenRM evaluation chain")
+    pairwise_format: Literal["judge", "sec", "sec_compact"] = Field(
+        "judge", description="'judge': ends with 'Result: A|B'; 'sec': the P-GenRM evaluation chain; "
+                             "'sec_compact': the same chain from the compact history-only prompt (the small "
+                             "P-GenRM that `pr-rlhf pgenrm` trains)")
+    users: Literal["all", "seen", "cold_start"] = Field(
+        "all", description="evaluate the pairs of all users, of seen users only, or of cold-start users only "
+                           "(the profiles table's cold_start flag)")
     history_pairs: int = Field(3, ge=0, description="history triples shown to history-based RMs")
     sec_use_stated_preferences: bool = Field(True, description="show stated preferences to the SEC judge "
                                                                "(P-GenRM's GRPO stage trains without them)")
@@ -90,6 +96,7 @@ class Recipe(StrictModel):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig, description="the reward pool's scorer")
     train: RLConfig | None = Field(None, description="an RL run (GRPO / PPO): `pr-rlhf train`")
+    pgenrm: PGenRMConfig | None = Field(None, description="P-GenRM training stages: `pr-rlhf pgenrm`")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
 

@@ -72,14 +72,33 @@ def test_compact_style_is_shorter_and_parses_to_the_same_choice():
     compact, compact_stats = psi_examples(world, style="compact")
     assert full_stats.kept == compact_stats.kept and [e.pair_id for e in full] == [e.pair_id for e in compact]
     for f, c in zip(full, compact):
-        pf, pc = parse_sec(f.target, strict=True).value, parse_sec(c.target, strict=True).value
-        assert pf.final == pc.final and [x.weight for x in pf.criteria] == [x.weight for x in pc.criteria]
+        pf, pc = parse_sec(f.target, strict=True).value, parse_sec(c.target).value
+        # the compact chain has no <final> block: the parser's weighted sums are the full chain's final scores
+        assert "<final>" not in c.target and pc.final_source == "recomputed"
+        assert pc.final == pytest.approx(pf.final, abs=1e-4)
+        assert [x.weight for x in pf.criteria] == [x.weight for x in pc.criteria]
         assert all(x.name[0] in "+-" for x in pc.criteria)
+        # the compact persona states a direction for every attribute before the rubric
+        stated = pc.persona.split("Prefers:")[1].replace("Weakly:", "")
+        assert all(x.name in stated.split() for x in pc.criteria)
         assert len(c.target) < len(f.target)
         size = lambda e: sum(len(m["content"]) for m in e.messages)  # noqa: E731
         assert size(c) < 0.5 * size(f)
-        assert c.messages[-1]["content"].startswith("User 1: ")
+        assert c.messages[-1]["content"].startswith("Chose: ") and c.messages[-1]["content"].count("\n") == 5
     assert sum(len(c.target) for c in compact) < 0.85 * sum(len(f.target) for f in full)
+
+
+def test_history_variants_add_distinct_histories_of_train_pairs_only():
+    world = build_world(WorldConfig(users=10, cold_start_users=2, reference_samples=1000, rendering="compact"))
+    one, _ = psi_examples(world, style="compact", keep_incorrect=True)
+    three, stats = psi_examples(world, style="compact", keep_incorrect=True, history_variants=3)
+    assert all(e in three for e in one)                # variant 0 is the plain data set
+    per_user = world.config.history_size
+    assert stats.examples == len(one) + 2 * per_user * world.config.users
+    train_ids = {p.pair_id for p in world.pairs if p.split == "train"}
+    assert {e.pair_id for e in three} <= train_ids
+    prompts = {e.messages[-1]["content"] for e in three}
+    assert len(prompts) > 0.95 * len(three)            # (history, pair, slot order) rarely repeats
 
 
 def test_cre_reward_outcome_process_and_format_penalty(world):

@@ -133,6 +133,71 @@ def batch_at(prompts: list[PromptItem], position: int, count: int, seed: int) ->
     return out
 
 
+def generate_sharded(rollouts: list, messages: list, params: SamplingParams) -> list:
+    """Prompts sharded over the rollout workers; results back in prompt order."""
+    import ray
+
+    shards = np.array_split(np.arange(len(messages)), len(rollouts))
+    futures = [w.generate.remote([messages[i] for i in idx], params) for w, idx in zip(rollouts, shards) if len(idx)]
+    out: list = []
+    for part in ray.get(futures):
+        out.extend(part)
+    return out
+
+
+def sync_weights(learner: Any, rollouts: list, version: int) -> None:
+    """The learner's current weights into every rollout engine (one object-store copy for all)."""
+    import ray
+
+    ref = ray.put(learner.state_dict_for_rollout())
+    ray.get([w.load_weights.remote(ref, version) for w in rollouts])
+
+
+def policy_update(learner: Any, cfg: RLConfig, prompt_ids: list[list[int]], response_ids: list[list[int]],
+                  rewards: np.ndarray, group: list[int], timer: Timer) -> tuple[dict[str, float], torch.Tensor]:
+    """One RL update from scored samples (a sequence reward on each response's last token): the KL term,
+    advantages (GRPO groups by ``group``, PPO's critic), the critic and policy updates. Returns the metrics and
+    the response lengths."""
+    batch: dict[str, Any] = {"prompt_ids": [list(p) for p in prompt_ids],
+                             "response_ids": [list(r) or [0] for r in response_ids]}
+    n = len(batch["response_ids"])
+    lengths = torch.tensor([len(ids) for ids in batch["response_ids"]])
+    width = int(lengths.max())
+    mask = (torch.arange(width)[None, :] < lengths[:, None]).float()
+    token_rewards = torch.zeros_like(mask)
+    token_rewards[torch.arange(n), lengths - 1] = torch.tensor(rewards, dtype=torch.float32)
+
+    metrics: dict[str, float] = {}
+    kl_cfg = cfg.learner.kl
+    kl_in_reward = kl_cfg.coef > 0 and kl_cfg.where == "reward"
+    # a single on-policy step takes the old log-probs from the update's own forward (no separate pass)
+    if kl_in_reward or not cfg.learner.single_update(n):
+        with timer.phase("old_logprobs"):
+            batch["old_logprobs"] = learner.compute_logprobs(batch)
+    if kl_in_reward:
+        with timer.phase("ref_logprobs"):
+            ref = learner.compute_ref_logprobs(batch)
+        kl = kl_penalty(batch["old_logprobs"], ref, kl_cfg.kind)
+        token_rewards, kl_stats = apply_kl_to_rewards(token_rewards, kl, kl_cfg.coef, mask)
+        metrics.update({f"train/{k}": float(v) for k, v in kl_stats.items()})
+    with timer.phase("advantages"):
+        if cfg.algorithm == "ppo":
+            batch["values"] = learner.compute_values(batch)
+            adv, returns = ADVANTAGE_ESTIMATORS.call(cfg.advantage_estimator, token_level_rewards=token_rewards,
+                                                     values=batch["values"], response_mask=mask,
+                                                     gamma=cfg.gamma, lam=cfg.lam)
+            batch["returns"] = returns
+        else:
+            adv, _ = ADVANTAGE_ESTIMATORS.call(cfg.advantage_estimator, token_level_rewards=token_rewards,
+                                               response_mask=mask, index=np.array(group))
+        batch["advantages"] = adv
+    with timer.phase("update"):
+        if cfg.algorithm == "ppo":
+            metrics.update(learner.update_critic(batch))
+        metrics.update(learner.update_policy(batch))
+    return metrics, lengths
+
+
 class Timer:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -244,23 +309,10 @@ class RLController:
 
     # ------------------------------------------------------------------------------------------ phases
     def _generate(self, messages: list, params: SamplingParams) -> list:
-        """Prompts sharded over the rollout workers; results back in prompt order."""
-        import ray
-
-        shards = np.array_split(np.arange(len(messages)), len(self.rollouts))
-        futures = [w.generate.remote([messages[i] for i in idx], params) for w, idx in zip(self.rollouts, shards)
-                   if len(idx)]
-        out: list = []
-        for part in ray.get(futures):
-            out.extend(part)
-        return out
+        return generate_sharded(self.rollouts, messages, params)
 
     def _sync_weights(self, version: int) -> None:
-        import ray
-
-        state = self.learner.state_dict_for_rollout()
-        ref = ray.put(state)
-        ray.get([w.load_weights.remote(ref, version) for w in self.rollouts])
+        sync_weights(self.learner, self.rollouts, version)
 
     def _score(self, items: list[PromptItem], texts: list[str], tag: str) -> np.ndarray:
         from workers.reward import RewardRequest
@@ -311,44 +363,8 @@ class RLController:
                 group.append(gi)
         with timer.phase("reward"):
             rewards = self._score([r[0] for r in rows], [r[2].text for r in rows], f"train{step}")
-        batch: dict[str, Any] = {
-            "prompt_ids": [list(r[1]) for r in rows],
-            "response_ids": [list(r[2].token_ids) or [0] for r in rows],
-        }
-        lengths = torch.tensor([len(ids) for ids in batch["response_ids"]])
-        width = int(lengths.max())
-        mask = (torch.arange(width)[None, :] < lengths[:, None]).float()
-        token_rewards = torch.zeros_like(mask)
-        token_rewards[torch.arange(len(rows)), lengths - 1] = torch.tensor(rewards, dtype=torch.float32)
-
-        metrics: dict[str, float] = {}
-        kl_cfg = cfg.learner.kl
-        kl_in_reward = kl_cfg.coef > 0 and kl_cfg.where == "reward"
-        # a single on-policy step takes the old log-probs from the update's own forward (no separate pass)
-        if kl_in_reward or not cfg.learner.single_update(len(rows)):
-            with timer.phase("old_logprobs"):
-                batch["old_logprobs"] = self.learner.compute_logprobs(batch)
-        if kl_in_reward:
-            with timer.phase("ref_logprobs"):
-                ref = self.learner.compute_ref_logprobs(batch)
-            kl = kl_penalty(batch["old_logprobs"], ref, kl_cfg.kind)
-            token_rewards, kl_stats = apply_kl_to_rewards(token_rewards, kl, kl_cfg.coef, mask)
-            metrics.update({f"train/{k}": float(v) for k, v in kl_stats.items()})
-        with timer.phase("advantages"):
-            if cfg.algorithm == "ppo":
-                batch["values"] = self.learner.compute_values(batch)
-                adv, returns = ADVANTAGE_ESTIMATORS.call(cfg.advantage_estimator, token_level_rewards=token_rewards,
-                                                         values=batch["values"], response_mask=mask,
-                                                         gamma=cfg.gamma, lam=cfg.lam)
-                batch["returns"] = returns
-            else:
-                adv, _ = ADVANTAGE_ESTIMATORS.call(cfg.advantage_estimator, token_level_rewards=token_rewards,
-                                                   response_mask=mask, index=np.array(group))
-            batch["advantages"] = adv
-        with timer.phase("update"):
-            if cfg.algorithm == "ppo":
-                metrics.update(self.learner.update_critic(batch))
-            metrics.update(self.learner.update_policy(batch))
+        metrics, lengths = policy_update(self.learner, cfg, [r[1] for r in rows], [r[2].token_ids for r in rows],
+                                         rewards, group, timer)
         with timer.phase("weight_sync"):
             self._sync_weights(step + 1)
         generated = int(lengths.sum())

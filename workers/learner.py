@@ -407,6 +407,8 @@ class LearnerWorker:
         self.critic_optimizer_steps = 0
         self.ref_rebased = False     # True once rebase_reference() made the reference a copy of the policy
         self._owns_process_group = False
+        if self.config.torch_threads:
+            torch.set_num_threads(self.config.torch_threads)
 
     # ------------------------------------------------------------------------------------------------- setup
     def node_endpoint(self) -> tuple[str, int, str]:

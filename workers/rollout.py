@@ -32,6 +32,10 @@ class RolloutWorker:
             raise ValueError(f"a rollout worker needs a local engine ({' or '.join(ROLLOUT_BACKENDS)}), "
                              f"not {cfg.backend!r}: weights cannot be pushed to an HTTP server")
         os.environ.update({k: str(v) for k, v in (env or {}).items()})
+        if "OMP_NUM_THREADS" in (env or {}):   # torch is imported already: the variable alone would not apply
+            import torch
+
+            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
         if cfg.backend == "vllm" and not cfg.device.startswith("cuda"):
             # In-place reload needs the engine in this process (vLLM's default spawns an engine-core process).
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

@@ -40,17 +40,29 @@ class EvalResult:
 def load_eval_inputs(cfg: EvalConfig, seed: int) -> list[RMInput]:
     """The evaluated pairs as RM inputs, each with the user's first k history pairs and stated preferences."""
     reader = ShardReader(cfg.shards)
-    if cfg.split not in reader.splits("pairs"):
-        raise EvalError(f"{cfg.shards}: no pairs in split {cfg.split!r} (splits: {reader.splits('pairs')})")
-    pairs = [r for r in reader.iter_rows("pairs", cfg.split) if not cfg.subsets or r["subset"] in cfg.subsets]
+    splits = cfg.split.split("+")
+    for split in splits:
+        if split not in reader.splits("pairs"):
+            raise EvalError(f"{cfg.shards}: no pairs in split {split!r} (splits: {reader.splits('pairs')})")
+    profiles = {(r["user_id"], r["subset"]): r for r in reader.iter_rows("profiles")}
+
+    def wanted(row: dict) -> bool:
+        if cfg.subsets and row["subset"] not in cfg.subsets:
+            return False
+        if cfg.users == "all":
+            return True
+        profile = profiles.get((row["user_id"], row["subset"]))
+        cold = bool(profile and profile.get("cold_start"))
+        return cold == (cfg.users == "cold_start")
+
+    pairs = [r for split in splits for r in reader.iter_rows("pairs", split) if wanted(r)]
     if not pairs:
-        raise EvalError(f"{cfg.shards}: no {cfg.split} pairs in subsets {cfg.subsets}")
+        raise EvalError(f"{cfg.shards}: no {cfg.split} pairs of {cfg.users} users in subsets {cfg.subsets}")
     if cfg.max_pairs and len(pairs) > cfg.max_pairs:
         keep = np.sort(np.random.default_rng(seed).choice(len(pairs), cfg.max_pairs, replace=False))
         pairs = [pairs[i] for i in keep]
     histories = history_rows_by_user(reader.iter_rows("histories"), reader.iter_rows("pairs", "train")) \
         if cfg.history_pairs > 0 and "train" in reader.splits("pairs") else {}
-    profiles = {(r["user_id"], r["subset"]): r for r in reader.iter_rows("profiles")}
     return rm_inputs_from_rows(pairs, histories, profiles, cfg.history_pairs)
 
 

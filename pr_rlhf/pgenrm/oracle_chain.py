@@ -58,12 +58,18 @@ def evidence_lines(world: World, history: list[WorldPair]) -> list[str]:
     return lines
 
 
-def persona_text(world: World, history: list[WorldPair], mean: np.ndarray) -> str:
-    """The evidence, then the clear preferences of the posterior mean (strongest first)."""
+def persona_text(world: World, history: list[WorldPair], mean: np.ndarray, every_attribute: bool = False) -> str:
+    """The evidence, then the clear preferences of the posterior mean (strongest first). ``every_attribute``
+    also names the weak leanings (the compact style: every criterion's direction is then stated beforehand, so
+    writing the rubric is a lookup for a small model)."""
     names = world.attribute_names
     order = np.argsort(-np.abs(mean))
     clear = [signed(names[j], int(mean[j] > 0)) for j in order if abs(mean[j]) > CLEAR_WEIGHT]
-    return "\n".join(evidence_lines(world, history) + [f"Prefers: {' '.join(clear) if clear else 'nothing clear yet'}"])
+    lines = evidence_lines(world, history) + [f"Prefers: {' '.join(clear) if clear else 'nothing clear yet'}"]
+    weak = [signed(names[j], int(mean[j] > 0)) for j in order if abs(mean[j]) <= CLEAR_WEIGHT]
+    if every_attribute and weak:
+        lines.append(f"Weakly: {' '.join(weak)}")
+    return "\n".join(lines)
 
 
 def percentages(raw: list[float]) -> list[int]:
@@ -84,7 +90,8 @@ def oracle_chain(world: World, prior: WorldPrior, pair: WorldPair, history: list
                  first_is_chosen: bool, style: ChainStyle = "full") -> OracleChain:
     """The oracle's chain for ``pair`` with ``history``, responses in the given slot order. ``style="compact"``
     names each criterion by its signed attribute token (``+detail``) and leaves reasons out: criteria and scores
-    in about half the characters (the evidence-first persona is the same), for small models."""
+    in about half the characters, for small models; its persona also names the weak leanings, so that every
+    criterion's direction is stated before the rubric."""
     names = world.attribute_names
     hist = np.array([p.differing for p in history]).reshape(-1, len(names))
     mean = prior.posterior_weights(hist) @ prior.samples
@@ -103,7 +110,8 @@ def oracle_chain(world: World, prior: WorldPrior, pair: WorldPair, history: list
         label = attr.aspect(wants) if style == "full" else token
         criteria.append(Criterion(label, pct / 100))
         scores.append(CriterionScore(label, float(s1), float(s2), token if style == "full" else ""))
-    sec = SEC(persona=persona_text(world, history, mean), criteria=criteria, scores=scores)
+    sec = SEC(persona=persona_text(world, history, mean, every_attribute=style == "compact"), criteria=criteria,
+              scores=scores)
     final = sec.weighted_sums() or {"response_1": 5.0, "response_2": 5.0}
     sec.final = {k: round(v, 4) for k, v in final.items()}
     prefers_first = sec.final["response_1"] > sec.final["response_2"]

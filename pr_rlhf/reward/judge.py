@@ -18,7 +18,7 @@ from pr_rlhf.models.base import Engine, Generation, SamplingParams
 from pr_rlhf.prompts import chat
 from pr_rlhf.reward.inputs import InputMode, RMInput, conversation_block, user_block
 from pr_rlhf.reward.parsing import ErrorKind, Parsed, answer_text, never_raises
-from pr_rlhf.reward.sec import SEC, parse_sec, sec_prompt
+from pr_rlhf.reward.sec import SEC, parse_sec, sec_compact_prompt, sec_prompt
 
 Slot = Literal["A", "B"]
 
@@ -117,6 +117,10 @@ def judge_prompt(inp: RMInput, answer_a: str, answer_b: str, mode: InputMode = "
                 question=inp.question, answer_a=answer_a, answer_b=answer_b)
 
 
+JudgeFormat = Literal["judge", "sec", "sec_compact"]
+JUDGE_FORMATS: tuple[str, ...] = ("judge", "sec", "sec_compact")
+
+
 class PairwiseJudge:
     """A generative judge over any :class:`~pr_rlhf.models.base.Engine` (one generation per judged order).
 
@@ -125,9 +129,9 @@ class PairwiseJudge:
     """
 
     def __init__(self, engine: Engine, *, params: SamplingParams, seed: int,
-                 fmt: Literal["judge", "sec"] = "judge", use_stated_preferences: bool = True):
-        if fmt not in ("judge", "sec"):
-            raise ValueError(f"unknown judge format {fmt!r}; expected 'judge' or 'sec'")
+                 fmt: JudgeFormat = "judge", use_stated_preferences: bool = True):
+        if fmt not in JUDGE_FORMATS:
+            raise ValueError(f"unknown judge format {fmt!r}; expected one of {JUDGE_FORMATS}")
         self.engine = engine
         self.params = params
         self.seed = int(seed)
@@ -139,6 +143,8 @@ class PairwiseJudge:
         a, b = (inp.chosen, inp.rejected) if slot == "A" else (inp.rejected, inp.chosen)
         if self.fmt == "sec":
             return sec_prompt(inp, a, b, mode=mode, top_k=top_k, use_stated=self.use_stated_preferences)
+        if self.fmt == "sec_compact":   # history only: the small P-GenRM trained by `pr-rlhf pgenrm`
+            return sec_compact_prompt(inp, a, b)
         return judge_prompt(inp, a, b, mode, top_k)
 
     def judge(self, inputs: Sequence[RMInput], mode: InputMode, top_k: int,
@@ -164,7 +170,7 @@ class PairwiseJudge:
         if not gen.samples:
             return JudgeVerdict(pair_id, slot, None, "empty", "")
         raw = gen.samples[0].text
-        if self.fmt == "sec":
+        if self.fmt != "judge":
             parsed = parse_sec(raw)
             if not parsed.ok:
                 return JudgeVerdict(pair_id, slot, None, parsed.error, raw)

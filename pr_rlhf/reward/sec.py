@@ -97,6 +97,20 @@ def sec_prompt(inp: RMInput, response_1: str, response_2: str, *, mode: InputMod
                 question=inp.question, response_1=response_1, response_2=response_2)
 
 
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def sec_compact_prompt(inp: RMInput, response_1: str, response_2: str) -> list[dict]:
+    """The compact P-GenRM prompt (``prompts/sec_compact.txt``) for small models trained from scratch: one line per
+    history choice (``Chose: ... | over: ...``), the query and both responses, texts flattened to one line. The
+    history's questions are left out (the choice is the evidence); the chain it asks for is the same SEC."""
+    lines = "\n".join(f"Chose: {one_line(t.get('chosen', ''))} | over: {one_line(t.get('rejected', ''))}"
+                       for t in inp.history)
+    return chat("sec_compact", history_lines=lines, question=one_line(inp.question),
+                response_1=one_line(response_1), response_2=one_line(response_2))
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Parser
 # ----------------------------------------------------------------------------------------------------------------
@@ -324,10 +338,12 @@ def _field(text: str) -> str:
     return " ".join(str(text).replace("|", "/").split())
 
 
-def format_sec(sec: SEC) -> str:
+def format_sec(sec: SEC, final: bool = True) -> str:
     """Write ``sec`` in exactly the format :func:`parse_sec` reads (names and reasons are kept to one line
-    without ``|``). The final scores are written as given (``sec.final``; the weighted sums when it is empty)."""
-    final = sec.final or sec.weighted_sums() or {}
+    without ``|``). The final scores are written as given (``sec.final``; the weighted sums when it is empty).
+    ``final=False`` leaves the ``<final>`` block out: the parser then recomputes the weighted sums exactly (the
+    compact chains of small models, which should not spend their capacity on decimal arithmetic)."""
+    final_scores = sec.final or sec.weighted_sums() or {}
     lines = ["<persona>", sec.persona.strip(), "</persona>", "<criteria>"]
     for i, c in enumerate(sec.criteria, 1):
         # rounded at the precision normalize() keeps, so 0.21 prints as 21, not 21.000000000000004
@@ -337,5 +353,7 @@ def format_sec(sec: SEC) -> str:
     for i, s in enumerate(sec.scores, 1):
         parts = [f"{i}. {_field(s.name)}", f"response_1: {_num(s.response_1)}", f"response_2: {_num(s.response_2)}"]
         lines.append(" | ".join(parts + ([_field(s.reason)] if s.reason.strip() else [])))
-    lines += ["</scores>", "<final>", json.dumps({r: float(final[r]) for r in RESPONSES if r in final}), "</final>"]
+    lines.append("</scores>")
+    if final:
+        lines += ["<final>", json.dumps({r: float(final_scores[r]) for r in RESPONSES if r in final_scores}), "</final>"]
     return "\n".join(lines)

@@ -71,6 +71,8 @@ class LearnerConfig(StrictModel):
                                                                          "nodes that offer it")
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "PACK", description="placement-group strategy of the ranks' bundles (STRICT_SPREAD: one rank per node)")
+    torch_threads: int | None = Field(None, ge=1, description="intra-op CPU threads of each rank; None: Ray's "
+                                                              "default (floor(num_cpus_per_worker), at least 1)")
     gradient_checkpointing: bool = False
 
     # optimizer (AdamW)

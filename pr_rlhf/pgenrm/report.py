@@ -1,0 +1,183 @@
+"""The P-GenRM ablation report (the paper's table: full; without curriculum; without curriculum and PR; without
+curriculum and OR; without RL; base) from a pipeline run directory, as markdown, JSON and PNG.
+
+Each row is a stage's `pr-rlhf eval` result on held-out pairs of seen users and of cold-start users, with 95%
+bootstrap CIs, the accuracy on hard-negative pairs, parse failures, and the gain over the row it builds on
+*paired over the same pairs* (both evaluations judge each pair in the same seeded slot order), with a 95%
+bootstrap CI: a gain whose CI lies above 0 is a real improvement, not noise between two independent CIs. The
+world's reference accuracies (oracle, per-user logistic regression, no history, true weights) on the same pairs
+come from the run's ``references.json``, and the oracle-normalized score (accuracy - 50) / (oracle - 50) is reported for each row.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pr_rlhf.eval.metrics import accuracy_ci
+
+# (stage, paper's row name, the stage it builds on)
+ROWS: tuple[tuple[str, str, str | None], ...] = (
+    ("curriculum", "full (PSI + CRE + curriculum)", "cre"),
+    ("cre", "w/o curriculum", "psi"),
+    ("cre_no_pr", "w/o curriculum, PR", "psi"),
+    ("cre_no_or", "w/o curriculum, OR", "psi"),
+    ("psi", "w/o curriculum, RL (PSI only)", "base"),
+    ("base", "base (untrained)", None),
+)
+GROUPS = ("seen", "cold")
+REFERENCES_FILE = "references.json"
+
+
+@dataclass
+class AblationReport:
+    rows: list[dict]
+    references: dict[str, dict]
+    markdown: Path
+    figure: Path
+    json: Path
+
+
+def _correct_by_pair(predictions: str) -> dict[str, float]:
+    import pyarrow.parquet as pq
+
+    return {r["pair_id"]: float(r["correct"]) for r in pq.read_table(predictions, columns=["pair_id", "correct"])
+            .to_pylist()}
+
+
+def paired_gain(new: dict[str, float], old: dict[str, float], seed: int = 0) -> dict[str, float]:
+    """Mean over the shared pairs of (new correct - old correct), with a 95% bootstrap CI over pairs."""
+    shared = sorted(set(new) & set(old))
+    diff = np.array([new[p] - old[p] for p in shared])
+    if diff.size == 0:
+        return {"gain": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "pairs": 0}
+    low, high = accuracy_ci(diff, seed=seed)
+    return {"gain": float(diff.mean()), "ci_low": low, "ci_high": high, "pairs": int(diff.size)}
+
+
+def world_references(world, history_size: int = 3) -> dict[str, dict]:
+    """{group: {reference: accuracy estimate}} of the world's reference predictors on exactly the pairs the
+    stages are evaluated on (seen = val + test pairs of seen users; cold = test pairs of cold-start users)."""
+    from pr_rlhf.world.reference import reference_accuracies
+
+    return {group: {k: v.as_dict() for k, v in reference_accuracies(world, history_size, users=users,
+                                                                     splits=splits).items()}
+            for group, users, splits in (("seen", "seen", ("val", "test")), ("cold", "cold_start", ("test",)))}
+
+
+def _normalized(acc: float, oracle: float | None) -> float | None:
+    return None if oracle is None or oracle <= 0.5 else (acc - 0.5) / (oracle - 0.5)
+
+
+def collect(run_dir: str | Path, seed: int = 0) -> list[dict]:
+    """One row per complete stage found in ``run_dir`` (in the paper's order)."""
+    run_dir = Path(run_dir)
+    results = {}
+    for stage, _, _ in ROWS:
+        path = run_dir / stage / "result.json"
+        if (run_dir / stage / "COMPLETE").is_file() and path.is_file():
+            results[stage] = json.loads(path.read_text())
+    rows = []
+    for stage, label, parent in ROWS:
+        if stage not in results:
+            continue
+        res = results[stage]
+        row: dict = {"stage": stage, "row": label, "parent": parent if parent in results else None}
+        for group in GROUPS:
+            s = res[group]["summary"]
+            cell = {k: s[k] for k in ("accuracy", "ci_low", "ci_high", "n", "failures", "failure_rate")}
+            cell["hard"] = res[group].get("hardness", {}).get("hard")
+            if row["parent"]:
+                cell["gain"] = paired_gain(_correct_by_pair(res[group]["predictions"]),
+                                           _correct_by_pair(results[parent][group]["predictions"]), seed)
+            row[group] = cell
+        row["train_seconds"] = res.get("train_seconds", 0.0)
+        rows.append(row)
+    return rows
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None or x != x else f"{100 * x:.1f}"
+
+
+def _cell(c: dict) -> str:
+    return f"{_pct(c['accuracy'])} [{_pct(c['ci_low'])}, {_pct(c['ci_high'])}]"
+
+
+def _gain(c: dict) -> str:
+    g = c.get("gain")
+    if not g:
+        return "-"
+    return f"{100 * g['gain']:+.1f} [{100 * g['ci_low']:+.1f}, {100 * g['ci_high']:+.1f}]"
+
+
+def markdown(rows: list[dict], refs: dict[str, dict], title: str) -> str:
+    lines = [f"## {title}", "",
+             "| model | seen users: acc % [95% CI] | gain vs parent (paired) | hard pairs | cold-start users | "
+             "gain vs parent (paired) | (acc-50)/(oracle-50) seen | parse failures | train min |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    oracle_seen = (refs.get("seen", {}).get("oracle") or {}).get("accuracy")
+    for r in rows:
+        seen, cold = r["seen"], r["cold"]
+        hard = seen.get("hard") or {}
+        norm = _normalized(seen["accuracy"], oracle_seen)
+        lines.append(f"| {r['row']} | {_cell(seen)} | {_gain(seen)} | {_pct(hard.get('accuracy'))} | "
+                     f"{_cell(cold)} | {_gain(cold)} | {'-' if norm is None else f'{norm:.2f}'} | "
+                     f"{seen['failures']} / {cold['failures']} | {r['train_seconds'] / 60:.1f} |")
+    for group in GROUPS:
+        for name, est in sorted(refs.get(group, {}).items()):
+            if isinstance(est, dict) and "accuracy" in est:
+                lines.append(f"| world {name} ({group}) | {_cell(est) if 'ci_low' in est else _pct(est['accuracy'])}"
+                             f" | | | | | | | |")
+    lines += ["", "Gains are paired over the same held-out pairs (each pair judged in the same slot order by both "
+              "models); a CI above 0 is an improvement beyond noise. Parse failures count as wrong."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], refs: dict[str, dict], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.55 * len(rows) + 2), sharey=True)
+    labels = [r["row"] for r in rows]
+    for ax, group in zip(axes, GROUPS):
+        acc = np.array([100 * r[group]["accuracy"] for r in rows])
+        err = np.array([[100 * (r[group]["accuracy"] - r[group]["ci_low"]) for r in rows],
+                        [100 * (r[group]["ci_high"] - r[group]["accuracy"]) for r in rows]])
+        ax.barh(range(len(rows)), acc, xerr=err, color="#4c72b0", capsize=3)
+        ax.axvline(50, color="grey", ls=":", label="chance")
+        for (name, est), style in zip(sorted(refs.get(group, {}).items()), ("--", "-.", ":", "-")):
+            if isinstance(est, dict) and "accuracy" in est:
+                ax.axvline(100 * est["accuracy"], color="#c44e52", ls=style, lw=1, label=f"world {name}")
+        ax.set_title("seen users (val + test)" if group == "seen" else "cold-start users (test)")
+        ax.set_xlim(30, 100)
+        ax.set_xlabel("pairwise accuracy %")
+        ax.legend(fontsize=7, loc="lower right")
+    axes[0].set_yticks(range(len(rows)), labels)
+    axes[0].invert_yaxis()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_ablation_report(run_dir: str | Path, title: str = "P-GenRM ablation", seed: int = 0) -> AblationReport:
+    """The report of a pipeline run directory (its stages' results and the ``references.json`` the pipeline
+    wrote)."""
+    run_dir = Path(run_dir)
+    rows = collect(run_dir, seed)
+    if not rows:
+        raise FileNotFoundError(f"{run_dir}: no complete P-GenRM stage (base, psi, cre, ...) to report")
+    ref_path = run_dir / REFERENCES_FILE
+    refs = json.loads(ref_path.read_text()) if ref_path.is_file() else {}
+    md = run_dir / "ablation.md"
+    md.write_text(markdown(rows, refs, title))
+    js = run_dir / "ablation.json"
+    js.write_text(json.dumps({"rows": rows, "references": refs}, indent=1))
+    fig = plot(rows, refs, run_dir / "ablation.png", title)
+    return AblationReport(rows, refs, md, fig, js)

@@ -1,0 +1,361 @@
+"""The P-GenRM training pipeline on Ray (PROTOCOLS.md section 4): base -> PSI -> CRE -> curriculum, plus the CRE
+ablations (without PR, without OR), each stage on a fresh FSDP learner group (and rollout workers for the GRPO
+stages) started from the model the previous stage wrote.
+
+Every stage writes ``<out>/<stage>/``: ``model/`` (an HF directory any engine loads), ``checkpoints/`` (resumed
+from when a killed stage is run again), ``history.json``, ``eval_seen/`` and ``eval_cold/`` (`pr-rlhf eval`
+reports on held-out pairs of seen users and of cold-start users, run as Ray tasks), ``result.json`` and
+``COMPLETE`` (a complete stage is never run again). Each stage is one mlflow run.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from pr_rlhf.config import EvalConfig, GenerationConfig, Recipe, TrackingConfig, dump_recipe
+from pr_rlhf.config_base import EngineConfig
+from pr_rlhf.eval.metrics import accuracy_ci
+from pr_rlhf.models.base import SamplingParams
+from pr_rlhf.pgenrm.config import STAGE_PARENT, GRPOStageConfig, PGenRMConfig
+from pr_rlhf.pgenrm.cre_reward import cre_reward
+from pr_rlhf.pgenrm.curriculum import hard_share_at, step_prompts
+from pr_rlhf.pgenrm.psi_data import PSIExample, psi_examples
+from pr_rlhf.tracking import make_tracker
+from pr_rlhf.train.rl_config import RLConfig
+from pr_rlhf.world.generator import World, build_world
+from pr_rlhf.world.reference import WorldPrior
+from workers.controller import Timer, batch_at, generate_sharded, policy_update, sync_weights
+
+COMPLETE = "COMPLETE"
+RESULT = "result.json"
+EVAL_GROUPS = {"seen": ("val+test", "seen"), "cold": ("test", "cold_start")}
+
+StepCallback = Callable[[str, int, int, dict], None]   # (stage, step done, steps, metrics)
+
+
+class StageOrderError(RuntimeError):
+    """A stage was asked for before the stage it starts from was complete."""
+
+
+@dataclass
+class Encoded:
+    prompt_ids: list[int]
+    target_ids: list[int]
+
+
+def _run_eval_json(recipe_json: str, threads: int) -> dict:
+    """`pr-rlhf eval` on one recipe (a Ray task: module-level so that it pickles by reference)."""
+    import torch
+
+    from pr_rlhf.eval.runner import run_eval
+
+    torch.set_num_threads(threads)
+    result = run_eval(Recipe.model_validate_json(recipe_json))
+    summary = next(iter(result.report.summaries.values()))
+    return {"summary": summary, "predictions": str(result.report.predictions), "seconds": result.seconds}
+
+
+def export_model(state: dict, base_dir: str, out_dir: Path) -> Path:
+    """Weights ``state`` (HF names, full tensors) written as an HF model directory with ``base_dir``'s config and
+    tokenizer; written to a temporary folder and renamed into place (never half-written)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    known, tied = model.state_dict(), set(getattr(model, "_tied_weights_keys", None) or ())
+    missing = sorted(set(known) - set(state) - tied)
+    unexpected = sorted(set(state) - set(known))
+    if missing or unexpected:
+        raise ValueError(f"export: weights do not match {base_dir} (missing {missing[:5]}, unexpected "
+                         f"{unexpected[:5]})")
+    model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=False)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    AutoTokenizer.from_pretrained(base_dir).save_pretrained(tmp)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def hardness_accuracy(predictions: str, world: World, seed: int = 0) -> dict[str, dict]:
+    """Accuracy with a 95% bootstrap CI per pair hardness (standard / hard) from an eval's predictions."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(predictions, columns=["pair_id", "correct"]).to_pylist()
+    hardness = {p.pair_id: p.hardness for p in world.pairs}
+    out = {}
+    for kind in ("standard", "hard"):
+        correct = np.array([r["correct"] for r in table if hardness.get(r["pair_id"]) == kind], dtype=float)
+        if correct.size:
+            low, high = accuracy_ci(correct, seed=seed)
+            out[kind] = {"accuracy": float(correct.mean()), "ci_low": low, "ci_high": high, "n": int(correct.size)}
+    return out
+
+
+class PGenRMPipeline:
+    """Runs the recipe's P-GenRM stages in order (Ray must be initialized: ``workers.ray_utils.init_ray``)."""
+
+    def __init__(self, recipe: Recipe, on_step: StepCallback | None = None,
+                 on_event: Callable[[str], None] | None = None):
+        if recipe.pgenrm is None:
+            raise ValueError("the recipe has no pgenrm: section")
+        self.recipe = recipe
+        self.cfg: PGenRMConfig = recipe.pgenrm
+        self.out = Path(self.cfg.out)
+        self.on_step = on_step or (lambda *_: None)
+        self.on_event = on_event or (lambda _m: None)
+        self.world = build_world(self.cfg.world)
+        self.prior = WorldPrior.of(self.world)
+        self.pairs = {p.pair_id: p for p in self.world.pairs}
+
+    # ------------------------------------------------------------------------------------------ layout
+    def stage_dir(self, stage: str) -> Path:
+        return self.out / stage
+
+    def is_complete(self, stage: str) -> bool:
+        return (self.stage_dir(stage) / COMPLETE).is_file()
+
+    def result(self, stage: str) -> dict | None:
+        path = self.stage_dir(stage) / RESULT
+        return json.loads(path.read_text()) if self.is_complete(stage) and path.is_file() else None
+
+    def start_model(self, stage: str) -> str:
+        """The model a stage starts from: the recipe's initial model, or its parent stage's output."""
+        from pr_rlhf.models.sources import resolve_model
+
+        parent = STAGE_PARENT[stage]
+        if parent is None:
+            return resolve_model(self.cfg.model)
+        if not self.is_complete(parent):
+            raise StageOrderError(f"stage {stage!r} starts from stage {parent!r}'s model, which is not complete "
+                                  f"in {self.stage_dir(parent)}: run `pr-rlhf pgenrm RECIPE --stage {parent}` "
+                                  f"first")
+        return str(self.stage_dir(parent) / "model")
+
+    # ------------------------------------------------------------------------------------------ run
+    def run(self, stages: list[str] | None = None) -> dict[str, dict]:
+        from pr_rlhf.pgenrm.report import REFERENCES_FILE, world_references
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "recipe.yaml").write_text(dump_recipe(self.recipe))
+        if not (self.out / REFERENCES_FILE).is_file():
+            refs = world_references(self.world, self.cfg.history_size)
+            (self.out / REFERENCES_FILE).write_text(json.dumps(refs, indent=1))
+        results: dict[str, dict] = {}
+        for stage in stages or list(self.cfg.stages):
+            done = self.result(stage)
+            if done is not None:
+                self.on_event(f"{stage}: complete in {self.stage_dir(stage)}, not run again")
+                results[stage] = done
+                continue
+            results[stage] = self.run_stage(stage)
+        return results
+
+    def run_stage(self, stage: str) -> dict:
+        if stage == "planner":
+            raise NotImplementedError("the planner stage runs through pr_rlhf.pgenrm.planner (see the recipe)")
+        start = self.start_model(stage)
+        sdir = self.stage_dir(stage)
+        sdir.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        tracker = make_tracker(self.recipe.tracking, sdir, f"{self.recipe.name}/{stage}",
+                               tags={"stage": f"pgenrm/{stage}"})
+        with tracker:
+            tracker.log_params(self.cfg.model_dump(mode="json"))
+            if stage == "base":
+                model_dir, history = start, []
+            elif stage == "psi":
+                model_dir, history = self._psi(start, sdir, tracker)
+            else:
+                model_dir, history = self._grpo(stage, start, sdir, tracker)
+            train_s = time.perf_counter() - t0
+            (sdir / "history.json").write_text(json.dumps(history, indent=1))
+            self.on_event(f"{stage}: evaluating {model_dir}")
+            evals = self.evaluate(stage, model_dir)
+            result = {"stage": stage, "model": model_dir, "train_seconds": train_s,
+                      "seconds": time.perf_counter() - t0, **evals}
+            tracker.log_metrics({f"{g}/{k}": v for g in EVAL_GROUPS for k, v in evals[g]["summary"].items()
+                                 if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        (sdir / RESULT).write_text(json.dumps(result, indent=1))
+        (sdir / COMPLETE).write_text("ok\n")
+        return result
+
+    # ------------------------------------------------------------------------------------------ evaluation
+    def eval_recipe(self, stage: str, model_dir: str, group: str) -> Recipe:
+        split, users = EVAL_GROUPS[group]
+        ecfg = self.cfg.eval
+        max_pairs = ecfg.seen_pairs if group == "seen" else ecfg.cold_pairs
+        return Recipe(name=f"{self.recipe.name}/{stage}/eval_{group}", seed=self.recipe.seed, eval=EvalConfig(
+            shards=self.cfg.shards, split=split, users=users, max_pairs=max_pairs, modes=["pairwise"],
+            inputs=["none"], pairwise_format="sec_compact", history_pairs=ecfg.history_pairs,
+            n_bootstrap=ecfg.n_bootstrap, out=str(self.stage_dir(stage) / f"eval_{group}"),
+            judge=EngineConfig(backend="hf", model=model_dir, max_model_len=self.cfg.rollout.max_model_len),
+            generation=GenerationConfig(temperature=0.0, max_tokens=ecfg.max_tokens)),
+            tracking=self.recipe.tracking if self.recipe.tracking else TrackingConfig())
+
+    def evaluate(self, stage: str, model_dir: str) -> dict:
+        """`pr-rlhf eval` of ``model_dir`` on both held-out groups, as parallel Ray tasks."""
+        import ray
+
+        task = ray.remote(num_cpus=1)(_run_eval_json)
+        futures = {g: task.remote(self.eval_recipe(stage, model_dir, g).model_dump_json(), 1) for g in EVAL_GROUPS}
+        out = {}
+        for group, future in futures.items():
+            res = ray.get(future)
+            res["hardness"] = hardness_accuracy(res["predictions"], self.world, self.recipe.seed)
+            out[group] = res
+        return out
+
+    # ------------------------------------------------------------------------------------------ data
+    def examples(self, keep_incorrect: bool) -> list[PSIExample]:
+        examples, stats = psi_examples(self.world, self.cfg.history_size, seed=self.recipe.seed,
+                                       keep_incorrect=keep_incorrect, prior=self.prior, style="compact",
+                                       history_variants=self.cfg.psi.history_variants)
+        self.on_event(f"{len(examples)} (history, pair) examples from {stats.examples} "
+                      f"({'all' if keep_incorrect else f'oracle chains kept: {stats.kept_share:.0%}'})")
+        return examples
+
+    # ------------------------------------------------------------------------------------------ learners
+    def _learner(self, model_dir: str, lr: float, temperature: float = 1.0, kl: Any = None):
+        from workers.learner import LearnerGroup
+
+        update = {"model": model_dir, "lr": lr, "seed": self.recipe.seed, "temperature": temperature,
+                  "torch_threads": self.cfg.torch_threads}
+        if kl is not None:
+            update["kl"] = kl
+        return LearnerGroup(self.cfg.learner.model_copy(update=update))
+
+    @staticmethod
+    def _latest(ckpt_root: Path) -> Path | None:
+        done = sorted((p for p in ckpt_root.glob("step_*") if (p / COMPLETE).exists()),
+                      key=lambda p: int(p.name.split("_")[1]))
+        return done[-1] if done else None
+
+    def _save(self, sdir: Path, learner: Any, step: int, history: list) -> None:
+        root = sdir / "checkpoints"
+        path = root / f"step_{step:06d}"
+        shutil.rmtree(path, ignore_errors=True)
+        learner.save_checkpoint(path / "learner", step, step)
+        (path / "history.json").write_text(json.dumps(history))
+        (path / COMPLETE).write_text("ok\n")
+        for old in root.glob("step_*"):
+            if old != path:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def _restore(self, sdir: Path, learner: Any) -> tuple[int, list]:
+        latest = self._latest(sdir / "checkpoints")
+        if latest is None:
+            return 0, []
+        meta = learner.load_checkpoint(latest / "learner")
+        self.on_event(f"resumed from {latest}")
+        return int(meta["step"]), json.loads((latest / "history.json").read_text())
+
+    def _finish(self, learner: Any, start: str, sdir: Path) -> str:
+        model_dir = export_model(learner.state_dict_for_rollout(), start, sdir / "model")
+        return str(model_dir)
+
+    # ------------------------------------------------------------------------------------------ PSI
+    def _psi(self, start: str, sdir: Path, tracker: Any) -> tuple[str, list]:
+        from pr_rlhf.models.prompting import encode_prompt, load_tokenizer
+
+        cfg = self.cfg.psi
+        tokenizer = load_tokenizer(start)
+        eos = tokenizer.eos_token_id
+        data = [Encoded(encode_prompt(tokenizer, e.messages),
+                        tokenizer(e.target, add_special_tokens=False)["input_ids"] + [eos])
+                for e in self.examples(keep_incorrect=False)]
+        learner = self._learner(start, cfg.lr)
+        try:
+            first, history = self._restore(sdir, learner)
+            for step in range(first, cfg.steps):
+                batch = batch_at(data, step * cfg.batch_size, cfg.batch_size, self.recipe.seed)
+                m = learner.update_sft({"prompt_ids": [b.prompt_ids for b in batch],
+                                        "response_ids": [b.target_ids for b in batch]}, cfg.lr_at(step))
+                m = {"step": step, **m}
+                history.append(m)
+                tracker.log_metrics(m, step=step + 1)
+                self.on_step("psi", step + 1, cfg.steps, m)
+                if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
+                    self._save(sdir, learner, step + 1, history)
+            return self._finish(learner, start, sdir), history
+        finally:
+            learner.shutdown()
+
+    # ------------------------------------------------------------------------------------------ GRPO
+    def chain_rewards(self, example: PSIExample, texts: list[str], scfg: GRPOStageConfig) -> list:
+        pair = self.pairs[example.pair_id]
+        x1, x2 = (pair.x_chosen, pair.x_rejected) if example.first_is_chosen else (pair.x_rejected, pair.x_chosen)
+        weights = self.world.user(example.user_id).weights
+        return [cre_reward(t, example.first_is_chosen, self.world.attribute_names, x1, x2, weights,
+                           alpha=scfg.alpha, beta=scfg.beta, format_penalty=scfg.format_penalty) for t in texts]
+
+    def _grpo(self, stage: str, start: str, sdir: Path, tracker: Any) -> tuple[str, list]:
+        import ray
+
+        from workers.rollout import spawn_rollout_worker
+
+        scfg = self.cfg.stage_config(stage)
+        pool = self.examples(keep_incorrect=True)
+        hard = [e.hardness == "hard" for e in pool]
+        schedule = None if scfg.hard_share_start is None else (scfg.hard_share_start, scfg.hard_share_end,
+                                                               scfg.steps)
+        learner = self._learner(start, scfg.lr, scfg.temperature, scfg.kl)
+        rl_cfg = RLConfig(algorithm="grpo", group_size=scfg.group_size, learner=learner.config)
+        engine = self.cfg.rollout.model_copy(update={"model": start, "seed": self.recipe.seed})
+        rollouts = [spawn_rollout_worker(engine, num_cpus=self.cfg.rollout_num_cpus,
+                                         env={"OMP_NUM_THREADS": str(self.cfg.torch_threads)})
+                    for _ in range(self.cfg.rollout_workers)]
+        try:
+            first, history = self._restore(sdir, learner)
+            sync_weights(learner, rollouts, first)
+            for step in range(first, scfg.steps):
+                timer = Timer()
+                items = step_prompts(pool, hard, step, scfg.prompts_per_step, self.recipe.seed, schedule)
+                params = SamplingParams(n=scfg.group_size, temperature=scfg.temperature,
+                                        max_tokens=scfg.max_tokens, seed=self.recipe.seed * 1_000_003 + step)
+                with timer.phase("rollout"):
+                    gens = generate_sharded(rollouts, [e.messages for e in items], params)
+                bad = [g.error for g in gens if g.error]
+                if bad:
+                    raise RuntimeError(f"rollout failed for {len(bad)} prompts, e.g. {bad[0]}")
+                prompt_ids, response_ids, scored, group = [], [], [], []
+                with timer.phase("reward"):
+                    for gi, (item, gen) in enumerate(zip(items, gens)):
+                        scored += self.chain_rewards(item, [s.text for s in gen.samples], scfg)
+                        for s in gen.samples:
+                            prompt_ids.append(gen.prompt_token_ids)
+                            response_ids.append(s.token_ids)
+                            group.append(gi)
+                rewards = np.array([r.reward for r in scored])
+                metrics, lengths = policy_update(learner, rl_cfg, prompt_ids, response_ids, rewards, group, timer)
+                with timer.phase("weight_sync"):
+                    sync_weights(learner, rollouts, step + 1)
+                parsed = [r for r in scored if r.parsed]
+                metrics.update({
+                    "step": step, "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),
+                    "reward/outcome": float(np.mean([r.outcome for r in parsed])) if parsed else 0.0,
+                    "reward/process": float(np.mean([r.process for r in parsed])) if parsed else 0.0,
+                    "reward/parse_rate": len(parsed) / len(scored),
+                    "data/hard_share": float(np.mean([e.hardness == "hard" for e in items])),
+                    "data/scheduled_hard_share": hard_share_at(step, scfg.steps, *schedule[:2]) if schedule else
+                    float(np.mean(hard)),
+                    "rollout/response_tokens_mean": float(lengths.float().mean()),
+                    **{f"time/{k}_s": v for k, v in timer.seconds.items()},
+                })
+                history.append(metrics)
+                tracker.log_metrics(metrics, step=step + 1)
+                self.on_step(stage, step + 1, scfg.steps, metrics)
+                if (step + 1) % scfg.checkpoint_every == 0 and step + 1 < scfg.steps:
+                    self._save(sdir, learner, step + 1, history)
+            return self._finish(learner, start, sdir), history
+        finally:
+            for w in rollouts:
+                ray.kill(w)
+            learner.shutdown()
