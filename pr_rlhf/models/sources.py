@@ -60,8 +60,9 @@ TINY_SIZES: dict[str, dict[str, Any]] = {
     "tiny-28m": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 8,
                  "num_key_value_heads": 4},  # ~27M parameters
     # the P-GenRM trained from scratch on CPU (recipes/pgenrm_pipeline.yaml); chosen by measured learning speed
+    # (no grouped KV heads: HF's repeat_kv would copy the whole KV cache at every decoding step)
     "tiny-genrm": {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
-                   "num_key_value_heads": 2},  # ~3.9M parameters
+                   "num_key_value_heads": 4},  # ~4.2M parameters
 }
 # Named sizes whose tokenizer corpus adds more text than tiny_corpus() (name -> extra-corpus function name).
 TINY_EXTRA_CORPUS: dict[str, str] = {"tiny-genrm": "genrm_corpus"}

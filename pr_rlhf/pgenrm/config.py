@@ -17,20 +17,19 @@ Stage = Literal["base", "psi", "cre", "curriculum", "cre_no_pr", "cre_no_or", "p
 # Each GenRM stage starts from the model the previous one wrote (base: the initial model, evaluated only).
 STAGE_PARENT: dict[str, str | None] = {"base": None, "psi": None, "cre": "psi", "curriculum": "cre",
                                        "cre_no_pr": "psi", "cre_no_or": "psi", "planner": None}
+GENRM_STAGES: tuple[str, ...] = ("base", "psi", "cre", "curriculum", "cre_no_pr", "cre_no_or")
 MAIN_STAGES: tuple[str, ...] = ("base", "psi", "cre", "curriculum")
 ABLATION_STAGES: tuple[str, ...] = ("cre_no_pr", "cre_no_or")
 
 
-class PSIConfig(StrictModel):
-    """Supervised stage on the oracle teacher's rejection-sampled chains (loss on the chain tokens only)."""
+class SFTStageConfig(StrictModel):
+    """A supervised stage on the learner group (loss on the target tokens only)."""
 
     steps: int = Field(600, ge=1)
     batch_size: int = Field(16, ge=1)
     lr: float = Field(2e-3, gt=0, description="peak learning rate (linear warm-up, then cosine decay)")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="the cosine decays to lr * this")
     warmup_steps: int = Field(20, ge=0)
-    history_variants: int = Field(4, ge=1, description="(history, pair) draws per train pair: more distinct "
-                                                       "examples from the same users (psi_data.psi_examples)")
     checkpoint_every: int = Field(100, ge=1)
 
     def lr_at(self, step: int) -> float:
@@ -40,6 +39,13 @@ class PSIConfig(StrictModel):
         progress = (step - self.warmup_steps) / max(self.steps - self.warmup_steps - 1, 1)
         floor = self.lr * self.min_lr_ratio
         return floor + (self.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+class PSIConfig(SFTStageConfig):
+    """PSI: SFT on the oracle teacher's rejection-sampled evaluation chains."""
+
+    history_variants: int = Field(4, ge=1, description="(history, pair) draws per train pair: more distinct "
+                                                       "examples from the same users (psi_data.psi_examples)")
 
 
 class GRPOStageConfig(StrictModel):
@@ -71,17 +77,15 @@ class GRPOStageConfig(StrictModel):
         return self
 
 
-class PlannerStageConfig(StrictModel):
-    """SFT of the planner: (query, top-k profile) -> the gold rubric's aspects; precision/recall on held-out
-    queries."""
+class PlannerStageConfig(SFTStageConfig):
+    """SFT of the planner: (query, top-k profile) -> the gold rubric's aspects; aspect precision/recall on held-out
+    (val + test) queries, before and after."""
 
+    steps: int = Field(300, ge=1)
     model: str = Field("tiny-genrm", description="the planner's initial model (trained from scratch when tiny)")
-    steps: int = Field(200, ge=1)
-    batch_size: int = Field(16, ge=1)
-    lr: float = Field(2e-3, gt=0)
     top_k: int = Field(10, ge=1, description="profile posts in the planner's prompt")
     max_tokens: int = Field(96, ge=8)
-    eval_queries: int = Field(200, ge=1, description="held-out (val + test) queries scored")
+    eval_queries: int = Field(200, ge=1, description="held-out (val + test) queries scored (seeded sample)")
 
 
 class PGenRMEvalConfig(StrictModel):
