@@ -313,6 +313,13 @@ def run_pgenrm_stage(recipe: Recipe, stages: Optional[List[str]] = None, address
     for col in ("stage", "seen users", "hard pairs", "cold-start users", "parse failures", "minutes"):
         table.add_column(col)
     for name, r in results.items():
+        if "planner" in r:
+            for model, m in r["planner"].items():
+                console.print(f"planner ({model}): aspect precision {m['precision']['mean']:.2f} "
+                              f"[{m['precision']['ci_low']:.2f}, {m['precision']['ci_high']:.2f}], recall "
+                              f"{m['recall']['mean']:.2f} [{m['recall']['ci_low']:.2f}, {m['recall']['ci_high']:.2f}] "
+                              f"on {m['queries']} held-out queries; {m['parse_failures']} unparsed", highlight=False)
+            continue
         seen, cold = r["seen"]["summary"], r["cold"]["summary"]
         hard = r["seen"].get("hardness", {}).get("hard", {})
         table.add_row(name, f"{100 * seen['accuracy']:.1f} [{100 * seen['ci_low']:.1f}, {100 * seen['ci_high']:.1f}]",

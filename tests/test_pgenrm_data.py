@@ -158,3 +158,46 @@ def test_planner_examples_round_trip_and_aspect_metrics(tmp_path):
     assert aspect_precision_recall(flipped, gold, world_aspect_key) == (0.0, 0.0)   # right topic, wrong direction
     assert aspect_precision_recall([g.upper() + "." for g in gold], gold) == (1.0, 1.0)   # text match normalizes
     assert aspect_precision_recall([], gold) == (0.0, 0.0)
+
+
+def test_teacher_chains_are_rejection_sampled_and_failures_counted():
+    from pr_rlhf.models.base import Generation, Sample, SamplingParams
+    from pr_rlhf.pgenrm.teacher import teacher_examples
+    from pr_rlhf.reward.inputs import RMInput
+    from pr_rlhf.reward.sec import SEC, Criterion, CriterionScore
+
+    def chain(prefers_first: bool) -> str:
+        s1, s2 = (8.0, 3.0) if prefers_first else (3.0, 8.0)
+        return format_sec(SEC("Likes short answers.", [Criterion("Brevity", 1.0)], [CriterionScore("Brevity", s1, s2)]))
+
+    class Teacher:
+        """Sees where the chosen answer sits; per pair id: right, wrong, garbage, tie, engine error."""
+        name = "teacher"
+
+        def generate(self, prompts, params):
+            out = []
+            for prompt in prompts:
+                text = prompt[-1]["content"]
+                first = text.index("GOOD") < text.index("BAD")
+                kind = text.split("Q-")[1][:5]
+                if kind == "error":
+                    out.append(Generation(error="timeout"))
+                    continue
+                replies = {"right": [chain(first)] * params.n, "wrong": [chain(not first)] * params.n,
+                           "junky": ["no chain"] + [chain(first)] * (params.n - 1),
+                           "tiesx": ["<persona>x</persona><final>{\"response_1\": 5, \"response_2\": 5}</final>"]
+                           * params.n}[kind]
+                out.append(Generation(samples=[Sample(text=t) for t in replies]))
+            return out
+
+    inputs = [RMInput(pair_id=f"p{i}-{k}", user_id="u", subset="s", question=f"Q-{k}?", chosen="GOOD answer",
+                      rejected="BAD answer", history=[{"question": "q", "chosen": "c", "rejected": "r"}])
+              for i in range(4) for k in ("right", "wrong", "junky", "tiesx", "error")]
+    examples, stats = teacher_examples(inputs, Teacher(), SamplingParams(temperature=0.7), seed=0, samples_per_pair=2)
+    assert stats.pairs == 20 and stats.chains == 40
+    assert stats.kept == 8 and {e.pair_id.split("-")[1] for e in examples} == {"right", "junky"}
+    assert stats.rejected == {"wrong": 8, "no_json": 4, "tie": 8, "engine_error": 8, "duplicate": 4}
+    assert {e.first_is_chosen for e in examples} == {True, False}          # seeded slots, both used
+    for e in examples:
+        parsed = parse_sec(e.target, strict=True).value
+        assert (parsed.final["response_1"] > parsed.final["response_2"]) == e.first_is_chosen

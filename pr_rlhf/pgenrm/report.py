@@ -88,6 +88,8 @@ def collect(run_dir: str | Path, seed: int = 0) -> list[dict]:
         for group in GROUPS:
             s = res[group]["summary"]
             cell = {k: s[k] for k in ("accuracy", "ci_low", "ci_high", "n", "failures", "failure_rate")}
+            # what a deployment that flips a coin on an unparsed chain or a tie would score
+            cell["coin_flip_accuracy"] = s["accuracy"] + 0.5 * (s["failure_rate"] + s.get("tie_rate", 0.0))
             cell["hard"] = res[group].get("hardness", {}).get("hard")
             if row["parent"]:
                 cell["gain"] = paired_gain(_correct_by_pair(res[group]["predictions"]),
@@ -116,8 +118,9 @@ def _gain(c: dict) -> str:
 def markdown(rows: list[dict], refs: dict[str, dict], title: str) -> str:
     lines = [f"## {title}", "",
              "| model | seen users: acc % [95% CI] | gain vs parent (paired) | hard pairs | cold-start users | "
-             "gain vs parent (paired) | (acc-50)/(oracle-50) seen | parse failures | train min |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "gain vs parent (paired) | (acc-50)/(oracle-50) seen | parse failures seen / cold | unparsed as coin "
+             "flips: seen / cold | train min |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     oracle_seen = (refs.get("seen", {}).get("oracle") or {}).get("accuracy")
     for r in rows:
         seen, cold = r["seen"], r["cold"]
@@ -125,14 +128,17 @@ def markdown(rows: list[dict], refs: dict[str, dict], title: str) -> str:
         norm = _normalized(seen["accuracy"], oracle_seen)
         lines.append(f"| {r['row']} | {_cell(seen)} | {_gain(seen)} | {_pct(hard.get('accuracy'))} | "
                      f"{_cell(cold)} | {_gain(cold)} | {'-' if norm is None else f'{norm:.2f}'} | "
-                     f"{seen['failures']} / {cold['failures']} | {r['train_seconds'] / 60:.1f} |")
+                     f"{seen['failures']} / {cold['failures']} | {_pct(seen['coin_flip_accuracy'])} / "
+                     f"{_pct(cold['coin_flip_accuracy'])} | {r['train_seconds'] / 60:.1f} |")
     for group in GROUPS:
         for name, est in sorted(refs.get(group, {}).items()):
             if isinstance(est, dict) and "accuracy" in est:
                 lines.append(f"| world {name} ({group}) | {_cell(est) if 'ci_low' in est else _pct(est['accuracy'])}"
-                             f" | | | | | | | |")
+                             f" | | | | | | | | |")
     lines += ["", "Gains are paired over the same held-out pairs (each pair judged in the same slot order by both "
-              "models); a CI above 0 is an improvement beyond noise. Parse failures count as wrong."]
+              "models); a CI above 0 is an improvement beyond noise. Parse failures and ties count as wrong in the accuracy; "
+              "the coin-flip column counts them as half right (an untrained model that never writes a parseable "
+              "chain scores 50% there)."]
     return "\n".join(lines) + "\n"
 
 
