@@ -302,6 +302,8 @@ def run_pgenrm_stage(recipe: Recipe, stages: Optional[List[str]] = None, address
             else:
                 info = f"nll {m.get('sft/nll', float('nan')):.3f}  lr {m.get('sft/lr', 0):.1e}"
             progress.update(bars[stage], completed=done, info=info)
+            if not console.is_terminal and (done % max(1, total // 10) == 0 or done == total):
+                progress.console.print(f"{stage} {done}/{total}  {info}", highlight=False)  # logs of ray jobs
 
         pipeline = PGenRMPipeline(recipe, on_step=on_step, on_event=lambda msg: progress.console.print(msg))
         try:

@@ -99,6 +99,8 @@ def test_history_variants_add_distinct_histories_of_train_pairs_only():
     assert {e.pair_id for e in three} <= train_ids
     prompts = {e.messages[-1]["content"] for e in three}
     assert len(prompts) > 0.95 * len(three)            # (history, pair, slot order) rarely repeats
+    sizes = {e.messages[-1]["content"].count("Chose:") for e in three}
+    assert sizes == {1, 2, 3}                          # variant v has min(v, 3) history pairs
 
 
 def test_cre_reward_outcome_process_and_format_penalty(world):

@@ -3,7 +3,8 @@
 Each seen user's first ``history_size`` train pairs are their history (shown in the prompt as User / Chosen /
 Rejected triples); their remaining train pairs are the examples. ``history_variants > 1`` adds, per further
 variant, every train pair again with a history of ``history_size`` other train pairs of the same user drawn at
-random (seeded): more distinct (history, pair) examples from the same users, none of them val or test pairs.
+random (seeded), variant v with min(v, history_size) of them: more distinct (history, pair) examples from the
+same users, none of them val or test pairs, and histories as short as a cold-start user's.
 The slot order of each example is drawn from a
 seeded stream per pair, so the chosen answer sits in slot 1 half of the time. A chain is kept only when it
 prefers the chosen answer (the paper's rejection sampling of teacher chains); the share kept is reported.
@@ -56,14 +57,15 @@ def rm_input(pair: WorldPair, history: list[WorldPair]) -> RMInput:
 
 def example_histories(train: list[WorldPair], history_size: int, variants: int, seed: int, user_index: int):
     """(history, pair, stream key) for variant 0 (the first pairs as history, the rest as examples) and each
-    further variant (every pair, with ``history_size`` of the user's other train pairs as history)."""
+    further variant v (every pair, with min(v, history_size) of the user's other train pairs as history)."""
     for j, pair in enumerate(train[history_size:], history_size):
         yield train[:history_size], pair, (seed, user_index, j)
     for v in range(1, variants):
         for j, pair in enumerate(train):
             others = [p for p in train if p is not pair]
             rng = np.random.default_rng([seed, user_index, j, v, 1])
-            picked = sorted(rng.choice(len(others), min(history_size, len(others)), replace=False))
+            size = min(v, history_size, len(others))   # variants 1, 2, ...: 1, 2, ... history pairs (cold starts)
+            picked = sorted(rng.choice(len(others), size, replace=False))
             yield [others[i] for i in picked], pair, (seed, user_index, j, v)
 
 
