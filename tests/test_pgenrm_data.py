@@ -203,3 +203,25 @@ def test_teacher_chains_are_rejection_sampled_and_failures_counted():
     for e in examples:
         parsed = parse_sec(e.target, strict=True).value
         assert (parsed.final["response_1"] > parsed.final["response_2"]) == e.first_is_chosen
+
+
+def test_table_style_states_every_attribute_and_decides_like_compact():
+    world = build_world(WorldConfig(users=12, cold_start_users=2, reference_samples=1000, rendering="compact"))
+    compact, _ = psi_examples(world, style="compact", keep_incorrect=True)
+    table, _ = psi_examples(world, style="table", keep_incorrect=True)
+    names = world.attribute_names
+    pairs = {p.pair_id: p for p in world.pairs}
+    for c, t in zip(compact, table):
+        assert c.messages == t.messages and c.correct == t.correct        # same prompt, same decision
+        pc, pt = parse_sec(c.target).value, parse_sec(t.target).value
+        assert pc.final == pt.final and [x.name for x in pc.criteria] == [x.name for x in pt.criteria]
+        lines = pt.persona.splitlines()
+        assert [line.split(":")[0] for line in lines[-2:]] == ["Prefers", "Responses"]
+        for line in lines:
+            assert [tok[:-1] for tok in line.split(": ")[1].split()] == list(names)   # every attribute, in order
+        pair = pairs[t.pair_id]
+        x1 = pair.x_chosen if t.first_is_chosen else pair.x_rejected
+        responses = lines[-1].split(": ")[1].split()
+        differing = [n for n, tok in zip(names, responses) if tok[-1] != "="]
+        assert differing == [x.name[1:] for x in pt.criteria]
+        assert all(tok[-1] in "=" or (tok[-1] == "1") == bool(x1[j]) for j, tok in enumerate(responses))

@@ -253,7 +253,7 @@ class PGenRMPipeline:
     # ------------------------------------------------------------------------------------------ data
     def examples(self, keep_incorrect: bool) -> list[PSIExample]:
         examples, stats = psi_examples(self.world, self.cfg.history_size, seed=self.recipe.seed,
-                                       keep_incorrect=keep_incorrect, prior=self.prior, style="compact",
+                                       keep_incorrect=keep_incorrect, prior=self.prior, style=self.cfg.chain_style,
                                        history_variants=self.cfg.psi.history_variants)
         self.on_event(f"{len(examples)} (history, pair) examples from {stats.examples} "
                       f"({'all' if keep_incorrect else f'oracle chains kept: {stats.kept_share:.0%}'})")

@@ -109,6 +109,10 @@ class PGenRMConfig(StrictModel):
     stages: list[Stage] = Field(default_factory=lambda: list(MAIN_STAGES),
                                 description="stages to run, in order; a finished stage is not run again")
     history_size: int = Field(3, ge=1, description="history pairs in every prompt (training and evaluation)")
+    chain_style: Literal["compact", "table"] = Field(
+        "compact", description="the oracle chains' persona: 'compact' (evidence lines naming the attributes that "
+                               "differ, then the preferences) or 'table' (every attribute on every line: "
+                               "Example i / Prefers / Responses)")
     learner: LearnerConfig = Field(default_factory=lambda: LearnerConfig(
         model="tiny-genrm", lr=2e-4, micro_batch_size=16, weight_decay=0.0, num_cpus_per_worker=1.0))
     rollout: EngineConfig = Field(default_factory=lambda: EngineConfig(backend="hf", model="tiny-genrm"))

@@ -28,7 +28,7 @@ from pr_rlhf.world.attributes import CATALOG
 from pr_rlhf.world.generator import World, WorldPair
 from pr_rlhf.world.reference import WorldPrior
 
-ChainStyle = Literal["full", "compact"]
+ChainStyle = Literal["full", "compact", "table"]
 CLEAR_WEIGHT = 0.25   # |posterior-mean weight| above which the persona states a preference
 
 
@@ -72,6 +72,24 @@ def persona_text(world: World, history: list[WorldPair], mean: np.ndarray, every
     return "\n".join(lines)
 
 
+def table_persona(world: World, history: list[WorldPair], mean: np.ndarray, x1: np.ndarray,
+                  x2: np.ndarray) -> str:
+    """The ``table`` persona: every attribute in catalog order on every line, so each symbol depends on two cue
+    words only. ``Example i: structure+ examples= ...`` (+: chose the answer that has it over one that lacks
+    it, -: the reverse, =: both alike), ``Prefers: structure+ examples- ...`` (the posterior mean's sign) and
+    ``Responses: structure1 examples= ...`` (which response has the attribute where they differ)."""
+    names = world.attribute_names
+
+    def sym(a: int, b: int, plus: str, minus: str) -> str:
+        return "=" if a == b else (plus if a else minus)
+
+    lines = [f"Example {i}: " + " ".join(f"{n}{sym(p.x_chosen[j], p.x_rejected[j], '+', '-')}"
+                                         for j, n in enumerate(names)) for i, p in enumerate(history, 1)]
+    lines.append("Prefers: " + " ".join(f"{n}{'+' if mean[j] > 0 else '-'}" for j, n in enumerate(names)))
+    lines.append("Responses: " + " ".join(f"{n}{sym(int(x1[j]), int(x2[j]), '1', '2')}" for j, n in enumerate(names)))
+    return "\n".join(lines)
+
+
 def percentages(raw: list[float]) -> list[int]:
     """Integer percentages >= 1 summing to 100, proportional to ``raw`` (largest remainder)."""
     total = sum(raw)
@@ -91,7 +109,8 @@ def oracle_chain(world: World, prior: WorldPrior, pair: WorldPair, history: list
     """The oracle's chain for ``pair`` with ``history``, responses in the given slot order. ``style="compact"``
     names each criterion by its signed attribute token (``+detail``) and leaves reasons out: criteria and scores
     in about half the characters, for small models; its persona also names the weak leanings, so that every
-    criterion's direction is stated before the rubric."""
+    criterion's direction is stated before the rubric. ``style="table"``: the compact rubric after a persona that
+    states every attribute on every line (:func:`table_persona`)."""
     names = world.attribute_names
     hist = np.array([p.differing for p in history]).reshape(-1, len(names))
     mean = prior.posterior_weights(hist) @ prior.samples
@@ -110,8 +129,9 @@ def oracle_chain(world: World, prior: WorldPrior, pair: WorldPair, history: list
         label = attr.aspect(wants) if style == "full" else token
         criteria.append(Criterion(label, pct / 100))
         scores.append(CriterionScore(label, float(s1), float(s2), token if style == "full" else ""))
-    sec = SEC(persona=persona_text(world, history, mean, every_attribute=style == "compact"), criteria=criteria,
-              scores=scores)
+    persona = table_persona(world, history, mean, x1, x2) if style == "table" else \
+        persona_text(world, history, mean, every_attribute=style == "compact")
+    sec = SEC(persona=persona, criteria=criteria, scores=scores)
     final = sec.weighted_sums() or {"response_1": 5.0, "response_2": 5.0}
     sec.final = {k: round(v, 4) for k, v in final.items()}
     prefers_first = sec.final["response_1"] > sec.final["response_2"]
