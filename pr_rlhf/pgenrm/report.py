@@ -160,7 +160,7 @@ def plot(rows: list[dict], refs: dict[str, dict], path: Path, title: str) -> Pat
             if isinstance(est, dict) and "accuracy" in est:
                 ax.axvline(100 * est["accuracy"], color="#c44e52", ls=style, lw=1, label=f"world {name}")
         ax.set_title("seen users (val + test)" if group == "seen" else "cold-start users (test)")
-        ax.set_xlim(30, 100)
+        ax.set_xlim(0, 100)
         ax.set_xlabel("pairwise accuracy %")
         ax.legend(fontsize=7, loc="lower right")
     axes[0].set_yticks(range(len(rows)), labels)
