@@ -27,7 +27,7 @@ class SFTStageConfig(StrictModel):
 
     steps: int = Field(600, ge=1)
     batch_size: int = Field(16, ge=1)
-    lr: float = Field(2e-3, gt=0, description="peak learning rate (linear warm-up, then cosine decay)")
+    lr: float = Field(1e-3, gt=0, description="peak learning rate (linear warm-up, then cosine decay)")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="the cosine decays to lr * this")
     warmup_steps: int = Field(20, ge=0)
     checkpoint_every: int = Field(100, ge=1)
