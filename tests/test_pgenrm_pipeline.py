@@ -160,5 +160,9 @@ def test_smoke_pipeline_runs_every_stage_learns_the_format_and_resumes(tmp_path)
                                  filter_string="tags.stage = 'pgenrm/psi'")
     assert "sft/nll" in mrun.data.metrics and "seen/accuracy" in mrun.data.metrics
 
+    stages = ("base", "psi", "cre", "curriculum")
+    written = {s: (out / s / "result.json").stat().st_mtime_ns for s in stages}
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and again.stdout.count("not run again") == 4, again.stdout[-2000:]
+    text = " ".join(again.stdout.split())   # the console wraps long lines (the run paths) at 80 columns
+    assert again.returncode == 0 and text.count("not run again") == 4, text[-2000:]
+    assert {s: (out / s / "result.json").stat().st_mtime_ns for s in stages} == written
