@@ -104,3 +104,23 @@ def test_cli_eval_and_clear_errors(synthetic_shards, tmp_path):
     assert bad.returncode == 2 and "nowhere" in bad.stderr and "manifest" in bad.stderr
     with pytest.raises(EvalError, match=r"no val pairs in subsets \['nope'\]"):
         run_eval(_recipe(synthetic_shards, tmp_path / "x", "eval.split=val", "eval.subsets=[nope]"))
+
+
+def test_users_filter_and_joined_splits_select_the_right_pairs(synthetic_shards, tmp_path):
+    from pr_rlhf.eval.runner import load_eval_inputs
+    from pr_rlhf.world.generator import build_world
+
+    world = build_world(WorldConfig(users=12, cold_start_users=2, reference_samples=300))
+    cold = {u.user_id for u in world.users if u.cold_start}
+
+    def pairs(split: str, users: str) -> set:
+        cfg = _recipe(synthetic_shards, tmp_path, f"eval.split={split}", f"eval.users={users}",
+                      "eval.max_pairs=null").eval
+        return {inp.pair_id for inp in load_eval_inputs(cfg, 0)}
+
+    want = {(p.pair_id, p.user_id in cold) for p in world.pairs if p.split in ("val", "test")}
+    assert pairs("val+test", "seen") == {pid for pid, is_cold in want if not is_cold}
+    assert pairs("test", "cold_start") == {p.pair_id for p in world.pairs if p.split == "test" and p.user_id in cold}
+    assert pairs("val+test", "all") == {pid for pid, _ in want}
+    with pytest.raises(EvalError, match="no val pairs in subsets None from cold_start users"):
+        load_eval_inputs(_recipe(synthetic_shards, tmp_path, "eval.split=val", "eval.users=cold_start").eval, 0)

@@ -133,6 +133,34 @@ def batch_at(prompts: list[PromptItem], position: int, count: int, seed: int) ->
     return out
 
 
+def complete_checkpoints(root: Path) -> list[Path]:
+    """The complete ``step_*`` checkpoint folders under ``root``, oldest first."""
+    return sorted((p for p in root.glob("step_*") if (p / COMPLETE).exists()), key=lambda p: int(p.name.split("_")[1]))
+
+
+def write_checkpoint(root: Path, learner: Any, step: int, data_position: Any, state: dict, keep: int) -> Path:
+    """``root/step_N``: the learner's state, the caller's ``state`` (JSON) and, last, the COMPLETE marker; all but
+    the newest ``keep`` complete checkpoints are removed."""
+    path = root / f"step_{step:06d}"
+    if path.exists():
+        shutil.rmtree(path)
+    learner.save_checkpoint(path / "learner", step, data_position)
+    (path / CONTROLLER_STATE).write_text(json.dumps(state))
+    (path / COMPLETE).write_text("ok\n")
+    for old in complete_checkpoints(root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def read_checkpoint(root: Path, learner: Any) -> tuple[Path, dict] | None:
+    """Load the newest complete checkpoint under ``root`` into ``learner``; its path and saved state, or None."""
+    done = complete_checkpoints(root)
+    if not done:
+        return None
+    learner.load_checkpoint(done[-1] / "learner")
+    return done[-1], json.loads((done[-1] / CONTROLLER_STATE).read_text())
+
+
 def generate_sharded(rollouts: list, messages: list, params: SamplingParams) -> list:
     """Prompts sharded over the rollout workers; results back in prompt order."""
     import ray
@@ -403,30 +431,16 @@ class RLController:
         return {f"warmup/{k}": v for k, v in metrics.items()}
 
     # ------------------------------------------------------------------------------------------ checkpoints
-    def _latest_checkpoint(self) -> Path | None:
-        done = sorted((p for p in self.ckpt_root.glob("step_*") if (p / COMPLETE).exists()),
-                      key=lambda p: int(p.name.split("_")[1]))
-        return done[-1] if done else None
-
     def save(self, step: int, history: list[dict], evals: list[dict]) -> Path:
         """Checkpoint after ``step`` steps: learner state (weights, optimizer, RNG), data position, history."""
-        path = self.ckpt_root / f"step_{step:06d}"
-        if path.exists():
-            shutil.rmtree(path)
-        self.learner.save_checkpoint(path / "learner", step, step * self.cfg.prompts_per_step)
-        (path / CONTROLLER_STATE).write_text(json.dumps({"step": step, "history": history, "evals": evals}))
-        (path / COMPLETE).write_text("ok\n")
-        for old in sorted((p for p in self.ckpt_root.glob("step_*") if (p / COMPLETE).exists()),
-                          key=lambda p: int(p.name.split("_")[1]))[:-self.cfg.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
-        return path
+        return write_checkpoint(self.ckpt_root, self.learner, step, step * self.cfg.prompts_per_step,
+                                {"step": step, "history": history, "evals": evals}, self.cfg.keep_checkpoints)
 
     def restore(self) -> tuple[int, list[dict], list[dict]]:
-        latest = self._latest_checkpoint() if self.cfg.resume else None
-        if latest is None:
+        found = read_checkpoint(self.ckpt_root, self.learner) if self.cfg.resume else None
+        if found is None:
             return 0, [], []
-        self.learner.load_checkpoint(latest / "learner")
-        state = json.loads((latest / CONTROLLER_STATE).read_text())
+        state = found[1]
         self._sync_weights(state["step"])
         return int(state["step"]), state["history"], state["evals"]
 

@@ -31,9 +31,9 @@ from pr_rlhf.tracking import make_tracker
 from pr_rlhf.train.rl_config import RLConfig
 from pr_rlhf.world.generator import World, build_world
 from pr_rlhf.world.reference import WorldPrior
-from workers.controller import Timer, batch_at, generate_sharded, policy_update, sync_weights
+from workers.controller import (COMPLETE, Timer, batch_at, generate_sharded, policy_update, read_checkpoint,
+                                sync_weights, write_checkpoint)
 
-COMPLETE = "COMPLETE"
 RESULT = "result.json"
 EVAL_GROUPS = {"seen": ("val+test", "seen"), "cold": ("test", "cold_start")}
 
@@ -62,35 +62,30 @@ def _run_eval_json(recipe_json: str, threads: int) -> dict:
     return {"summary": summary, "predictions": str(result.report.predictions), "seconds": result.seconds}
 
 
-def _run_planner_eval(model_dir: str, prompts: list, gold: list[list[str]], max_tokens: int, threads: int,
-                      seed: int) -> dict:
-    """Greedy plans of ``model_dir`` for ``prompts``; aspect precision / recall (exact (attribute, direction) keys
-    of the synthetic world) with 95% bootstrap CIs over queries, and the parse failures (a Ray task)."""
+def _run_planner_eval(model_dir: str, inputs: list, gold: list[list[str]], top_k: int, max_tokens: int,
+                      threads: int, seed: int) -> dict:
+    """Greedy plans of ``model_dir`` (the Planner reward models use) for ``inputs``; aspect precision / recall
+    (exact (attribute, direction) keys of the synthetic world) with 95% bootstrap CIs over queries, and the parse
+    failures (a Ray task)."""
     import torch
 
     from pr_rlhf.models import make_engine
     from pr_rlhf.pgenrm.planner_data import aspect_precision_recall, world_aspect_key
-    from pr_rlhf.reward.planner import parse_aspects
+    from pr_rlhf.reward.planner import Planner
 
     torch.set_num_threads(threads)
     engine = make_engine(EngineConfig(backend="hf", model=model_dir))
     try:
-        gens = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=seed))
+        plans = Planner(engine, params=SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=seed)).plan(
+            inputs, top_k)
     finally:
         engine.close()
-    precision, recall, failures = [], [], 0
-    for gen, want in zip(gens, gold):
-        parsed = parse_aspects(gen.samples[0].text if gen.samples and gen.error is None else "")
-        if not parsed.ok:
-            failures += 1
-        p, r = aspect_precision_recall(parsed.value or [], want, key=world_aspect_key)
-        precision.append(p)
-        recall.append(r)
-    out: dict[str, Any] = {"queries": len(gold), "parse_failures": failures}
-    for name, values in (("precision", precision), ("recall", recall)):
-        arr = np.array(values)
-        low, high = accuracy_ci(arr, seed=seed)
-        out[name] = {"mean": float(arr.mean()), "ci_low": low, "ci_high": high}
+    scores = np.array([aspect_precision_recall(plan.aspects, want, key=world_aspect_key)
+                       for plan, want in zip(plans, gold)]).reshape(-1, 2)
+    out: dict[str, Any] = {"queries": len(gold), "parse_failures": sum(plan.error is not None for plan in plans)}
+    for name, values in (("precision", scores[:, 0]), ("recall", scores[:, 1])):
+        low, high = accuracy_ci(values, seed=seed)
+        out[name] = {"mean": float(values.mean()), "ci_low": low, "ci_high": high}
     return out
 
 
@@ -119,16 +114,16 @@ def export_model(state: dict, base_dir: str, out_dir: Path) -> Path:
 
 def hardness_accuracy(predictions: str, world: World, seed: int = 0) -> dict[str, dict]:
     """Accuracy with a 95% bootstrap CI per pair hardness (standard / hard) from an eval's predictions."""
-    import pyarrow.parquet as pq
+    from pr_rlhf.pgenrm.report import correct_by_pair
 
-    table = pq.read_table(predictions, columns=["pair_id", "correct"]).to_pylist()
+    correct = correct_by_pair(predictions)
     hardness = {p.pair_id: p.hardness for p in world.pairs}
     out = {}
     for kind in ("standard", "hard"):
-        correct = np.array([r["correct"] for r in table if hardness.get(r["pair_id"]) == kind], dtype=float)
-        if correct.size:
-            low, high = accuracy_ci(correct, seed=seed)
-            out[kind] = {"accuracy": float(correct.mean()), "ci_low": low, "ci_high": high, "n": int(correct.size)}
+        values = np.array([c for pair_id, c in correct.items() if hardness.get(pair_id) == kind])
+        if values.size:
+            low, high = accuracy_ci(values, seed=seed)
+            out[kind] = {"accuracy": float(values.mean()), "ci_low": low, "ci_high": high, "n": int(values.size)}
     return out
 
 
@@ -269,30 +264,22 @@ class PGenRMPipeline:
             update["kl"] = kl
         return LearnerGroup(self.cfg.learner.model_copy(update=update))
 
-    @staticmethod
-    def _latest(ckpt_root: Path) -> Path | None:
-        done = sorted((p for p in ckpt_root.glob("step_*") if (p / COMPLETE).exists()),
-                      key=lambda p: int(p.name.split("_")[1]))
-        return done[-1] if done else None
-
-    def _save(self, sdir: Path, learner: Any, step: int, history: list) -> None:
-        root = sdir / "checkpoints"
-        path = root / f"step_{step:06d}"
-        shutil.rmtree(path, ignore_errors=True)
-        learner.save_checkpoint(path / "learner", step, step)
-        (path / "history.json").write_text(json.dumps(history))
-        (path / COMPLETE).write_text("ok\n")
-        for old in root.glob("step_*"):
-            if old != path:
-                shutil.rmtree(old, ignore_errors=True)
-
     def _restore(self, sdir: Path, learner: Any) -> tuple[int, list]:
-        latest = self._latest(sdir / "checkpoints")
-        if latest is None:
+        found = read_checkpoint(sdir / "checkpoints", learner)
+        if found is None:
             return 0, []
-        meta = learner.load_checkpoint(latest / "learner")
-        self.on_event(f"resumed from {latest}")
-        return int(meta["step"]), json.loads((latest / "history.json").read_text())
+        self.on_event(f"resumed from {found[0]}")
+        return int(found[1]["step"]), found[1]["history"]
+
+    def _record(self, stage: str, sdir: Path, learner: Any, tracker: Any, step: int, steps: int, every: int,
+                metrics: dict, history: list) -> None:
+        """After ``step`` (0-based): keep and log the metrics, report progress, checkpoint every ``every`` steps."""
+        history.append(metrics)
+        tracker.log_metrics(metrics, step=step + 1)
+        self.on_step(stage, step + 1, steps, metrics)
+        if (step + 1) % every == 0 and step + 1 < steps:
+            write_checkpoint(sdir / "checkpoints", learner, step + 1, step + 1,
+                             {"step": step + 1, "history": history}, keep=1)
 
     def _finish(self, learner: Any, start: str, sdir: Path) -> str:
         model_dir = export_model(learner.state_dict_for_rollout(), start, sdir / "model")
@@ -316,12 +303,8 @@ class PGenRMPipeline:
                 batch = batch_at(data, step * cfg.batch_size, cfg.batch_size, self.recipe.seed)
                 m = learner.update_sft({"prompt_ids": [b.prompt_ids for b in batch],
                                         "response_ids": [b.target_ids for b in batch]}, cfg.lr_at(step))
-                m = {"step": step, **m}
-                history.append(m)
-                tracker.log_metrics(m, step=step + 1)
-                self.on_step(stage, step + 1, cfg.steps, m)
-                if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
-                    self._save(sdir, learner, step + 1, history)
+                self._record(stage, sdir, learner, tracker, step, cfg.steps, cfg.checkpoint_every,
+                             {"step": step, **m}, history)
             return self._finish(learner, start, sdir), history
         finally:
             learner.shutdown()
@@ -349,7 +332,7 @@ class PGenRMPipeline:
         keep = np.sort(np.random.default_rng(self.recipe.seed).permutation(len(held))[:cfg.eval_queries])
         held = [held[i] for i in keep]
         task = ray.remote(num_cpus=1)(_run_planner_eval)
-        return {name: ray.get(task.remote(path, [e.messages for e in held], [e.aspects for e in held],
+        return {name: ray.get(task.remote(path, [e.input for e in held], [e.aspects for e in held], cfg.top_k,
                                           cfg.max_tokens, self.cfg.torch_threads, self.recipe.seed))
                 for name, path in model_dirs.items()}   # one after the other (see evaluate)
 
@@ -414,11 +397,8 @@ class PGenRMPipeline:
                     "rollout/response_tokens_mean": float(lengths.float().mean()),
                     **{f"time/{k}_s": v for k, v in timer.seconds.items()},
                 })
-                history.append(metrics)
-                tracker.log_metrics(metrics, step=step + 1)
-                self.on_step(stage, step + 1, scfg.steps, metrics)
-                if (step + 1) % scfg.checkpoint_every == 0 and step + 1 < scfg.steps:
-                    self._save(sdir, learner, step + 1, history)
+                self._record(stage, sdir, learner, tracker, step, scfg.steps, scfg.checkpoint_every, metrics,
+                             history)
             return self._finish(learner, start, sdir), history
         finally:
             for w in rollouts:

@@ -57,7 +57,8 @@ def load_eval_inputs(cfg: EvalConfig, seed: int) -> list[RMInput]:
 
     pairs = [r for split in splits for r in reader.iter_rows("pairs", split) if wanted(r)]
     if not pairs:
-        raise EvalError(f"{cfg.shards}: no {cfg.split} pairs of {cfg.users} users in subsets {cfg.subsets}")
+        raise EvalError(f"{cfg.shards}: no {cfg.split} pairs in subsets {cfg.subsets}"
+                        + ("" if cfg.users == "all" else f" from {cfg.users} users"))
     if cfg.max_pairs and len(pairs) > cfg.max_pairs:
         keep = np.sort(np.random.default_rng(seed).choice(len(pairs), cfg.max_pairs, replace=False))
         pairs = [pairs[i] for i in keep]

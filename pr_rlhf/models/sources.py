@@ -64,8 +64,6 @@ TINY_SIZES: dict[str, dict[str, Any]] = {
     "tiny-genrm": {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
                    "num_key_value_heads": 4},  # ~4.2M parameters
 }
-# Named sizes whose tokenizer corpus adds more text than tiny_corpus() (name -> extra-corpus function name).
-TINY_EXTRA_CORPUS: dict[str, str] = {"tiny-genrm": "genrm_corpus"}
 TINY_COMMON: dict[str, Any] = {"max_position_embeddings": 4096, "tie_word_embeddings": True, "rope_theta": 10000.0,
                                "rms_norm_eps": 1e-6, "initializer_range": 0.02}
 TINY_SEED = 0
@@ -209,8 +207,8 @@ def _train_tokenizer(texts: list[str], vocab_size: int) -> Any:
 def _tiny(spec: str) -> Path:
     name, size, overrides = _tiny_config_overrides(spec)
     texts = tiny_corpus()
-    if size in TINY_EXTRA_CORPUS:
-        texts += globals()[TINY_EXTRA_CORPUS[size]]()
+    if size == "tiny-genrm":   # its tokenizer also learns the chain vocabulary
+        texts += genrm_corpus()
     corpus_hash = hashlib.sha256("\x00".join(texts).encode()).hexdigest()
     key = _digest(TINY_BUILDER_VERSION, TINY_COMMON, overrides, TINY_VOCAB_SIZE, TINY_SEED, corpus_hash)
 

@@ -17,9 +17,7 @@ Stage = Literal["base", "psi", "cre", "curriculum", "cre_no_pr", "cre_no_or", "p
 # Each GenRM stage starts from the model the previous one wrote (base: the initial model, evaluated only).
 STAGE_PARENT: dict[str, str | None] = {"base": None, "psi": None, "cre": "psi", "curriculum": "cre",
                                        "cre_no_pr": "psi", "cre_no_or": "psi", "planner": None}
-GENRM_STAGES: tuple[str, ...] = ("base", "psi", "cre", "curriculum", "cre_no_pr", "cre_no_or")
 MAIN_STAGES: tuple[str, ...] = ("base", "psi", "cre", "curriculum")
-ABLATION_STAGES: tuple[str, ...] = ("cre_no_pr", "cre_no_or")
 
 
 class SFTStageConfig(StrictModel):

@@ -22,6 +22,7 @@ class PlannerExample:
     query_id: str
     user_id: str
     split: str
+    input: RMInput               # what the Planner builds its prompt from
     messages: list[dict]
     target: str
     aspects: list[str]
@@ -42,7 +43,7 @@ def planner_examples(shards: str, splits: Sequence[str] = ("train",), top_k: int
             continue
         inp = RMInput(pair_id=q["query_id"], user_id=q["user_id"], subset=q["subset"], question=q["question"],
                       chosen="", rejected="", retrieved=[dict(r) for r in q["retrieved"]])
-        out.append(PlannerExample(q["query_id"], q["user_id"], q["split"], plan_prompt(inp, top_k),
+        out.append(PlannerExample(q["query_id"], q["user_id"], q["split"], inp, plan_prompt(inp, top_k),
                                   planner_target(aspects), aspects))
     return out
 

@@ -40,7 +40,8 @@ class AblationReport:
     json: Path
 
 
-def _correct_by_pair(predictions: str) -> dict[str, float]:
+def correct_by_pair(predictions: str) -> dict[str, float]:
+    """pair id -> 1.0 / 0.0 from an eval's predictions parquet (one verdict per pair)."""
     import pyarrow.parquet as pq
 
     return {r["pair_id"]: float(r["correct"]) for r in pq.read_table(predictions, columns=["pair_id", "correct"])
@@ -92,8 +93,8 @@ def collect(run_dir: str | Path, seed: int = 0) -> list[dict]:
             cell["coin_flip_accuracy"] = s["accuracy"] + 0.5 * (s["failure_rate"] + s.get("tie_rate", 0.0))
             cell["hard"] = res[group].get("hardness", {}).get("hard")
             if row["parent"]:
-                cell["gain"] = paired_gain(_correct_by_pair(res[group]["predictions"]),
-                                           _correct_by_pair(results[parent][group]["predictions"]), seed)
+                cell["gain"] = paired_gain(correct_by_pair(res[group]["predictions"]),
+                                           correct_by_pair(results[parent][group]["predictions"]), seed)
             row[group] = cell
         row["train_seconds"] = res.get("train_seconds", 0.0)
         rows.append(row)
