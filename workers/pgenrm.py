@@ -142,6 +142,7 @@ class PGenRMPipeline:
         self.world = build_world(self.cfg.world)
         self.prior = WorldPrior.of(self.world)
         self.pairs = {p.pair_id: p for p in self.world.pairs}
+        self._examples: dict[bool, list[PSIExample]] = {}
 
     # ------------------------------------------------------------------------------------------ layout
     def stage_dir(self, stage: str) -> Path:
@@ -247,12 +248,15 @@ class PGenRMPipeline:
 
     # ------------------------------------------------------------------------------------------ data
     def examples(self, keep_incorrect: bool) -> list[PSIExample]:
-        examples, stats = psi_examples(self.world, self.cfg.history_size, seed=self.recipe.seed,
-                                       keep_incorrect=keep_incorrect, prior=self.prior, style=self.cfg.chain_style,
-                                       history_variants=self.cfg.psi.history_variants)
-        self.on_event(f"{len(examples)} (history, pair) examples from {stats.examples} "
-                      f"({'all' if keep_incorrect else f'oracle chains kept: {stats.kept_share:.0%}'})")
-        return examples
+        """The (history, pair) examples, built once per pipeline (CRE and curriculum share the same pool)."""
+        if keep_incorrect not in self._examples:
+            examples, stats = psi_examples(self.world, self.cfg.history_size, seed=self.recipe.seed,
+                                           keep_incorrect=keep_incorrect, prior=self.prior,
+                                           style=self.cfg.chain_style, history_variants=self.cfg.psi.history_variants)
+            self.on_event(f"{len(examples)} (history, pair) examples from {stats.examples} "
+                          f"({'all' if keep_incorrect else f'oracle chains kept: {stats.kept_share:.0%}'})")
+            self._examples[keep_incorrect] = examples
+        return self._examples[keep_incorrect]
 
     # ------------------------------------------------------------------------------------------ learners
     def _learner(self, model_dir: str, lr: float, temperature: float = 1.0, kl: Any = None):
