@@ -84,7 +84,7 @@ def test_compact_style_is_shorter_and_parses_to_the_same_choice():
         assert len(c.target) < len(f.target)
         size = lambda e: sum(len(m["content"]) for m in e.messages)  # noqa: E731
         assert size(c) < 0.5 * size(f)
-        assert c.messages[-1]["content"].startswith("Chose: ") and c.messages[-1]["content"].count("\n") == 5
+        assert c.messages[-1]["content"].startswith("Example 1: ") and c.messages[-1]["content"].count("\n") == 5
     assert sum(len(c.target) for c in compact) < 0.85 * sum(len(f.target) for f in full)
 
 
@@ -99,7 +99,7 @@ def test_history_variants_add_distinct_histories_of_train_pairs_only():
     assert {e.pair_id for e in three} <= train_ids
     prompts = {e.messages[-1]["content"] for e in three}
     assert len(prompts) > 0.95 * len(three)            # (history, pair, slot order) rarely repeats
-    sizes = {e.messages[-1]["content"].count("Chose:") for e in three}
+    sizes = {e.messages[-1]["content"].count("Example ") for e in three}
     assert sizes == {1, 2, 3}                          # variant v has min(v, 3) history pairs
 
 
@@ -205,23 +205,34 @@ def test_teacher_chains_are_rejection_sampled_and_failures_counted():
         assert (parsed.final["response_1"] > parsed.final["response_2"]) == e.first_is_chosen
 
 
-def test_table_style_states_every_attribute_and_decides_like_compact():
+def test_trace_style_transliterates_aligned_columns_and_decides_by_the_posterior_mean():
     world = build_world(WorldConfig(users=12, cold_start_users=2, reference_samples=1000, rendering="compact"))
-    compact, _ = psi_examples(world, style="compact", keep_incorrect=True)
-    table, _ = psi_examples(world, style="table", keep_incorrect=True)
+    prior = WorldPrior.of(world)
+    compact, _ = psi_examples(world, style="compact", keep_incorrect=True, prior=prior)
+    trace, _ = psi_examples(world, style="trace", keep_incorrect=True, prior=prior)
     names = world.attribute_names
     pairs = {p.pair_id: p for p in world.pairs}
-    for c, t in zip(compact, table):
-        assert c.messages == t.messages and c.correct == t.correct        # same prompt, same decision
-        pc, pt = parse_sec(c.target).value, parse_sec(t.target).value
-        assert pc.final == pt.final and [x.name for x in pc.criteria] == [x.name for x in pt.criteria]
+    decisive = 0
+    for c, t in zip(compact, trace):
+        assert c.messages == t.messages                                   # same prompt
+        pt = parse_sec(t.target).value
+        assert [x.name[1:] for x in pt.criteria] == list(names)           # the whole rubric, catalog order
         lines = pt.persona.splitlines()
-        assert [line.split(":")[0] for line in lines[-2:]] == ["Prefers", "Responses"]
-        for line in lines:
-            assert [tok[:-1] for tok in line.split(": ")[1].split()] == list(names)   # every attribute, in order
+        assert [line.split(":")[0] for line in lines[-4:]] == ["Prefers", "Response 1", "Response 2", "Fit"]
+        for line in lines[:-1]:                                           # every line: every attribute, in order
+            assert [tok[1:] for tok in line.split(": ")[1].replace("> ", "").split()][:len(names)] == list(names)
         pair = pairs[t.pair_id]
-        x1 = pair.x_chosen if t.first_is_chosen else pair.x_rejected
-        responses = lines[-1].split(": ")[1].split()
-        differing = [n for n, tok in zip(names, responses) if tok[-1] != "="]
-        assert differing == [x.name[1:] for x in pt.criteria]
-        assert all(tok[-1] in "=" or (tok[-1] == "1") == bool(x1[j]) for j, tok in enumerate(responses))
+        x1, x2 = (pair.x_chosen, pair.x_rejected) if t.first_is_chosen else (pair.x_rejected, pair.x_chosen)
+        assert lines[-3] == "Response 1: " + " ".join(f"{'+' if v else '-'}{n}" for n, v in zip(names, x1))
+        prefers = [tok[0] == "+" for tok in lines[-4].split(": ")[1].split()]
+        fit = [tok[len(n):] for n, tok in zip(names, lines[-1].split(": ")[1].split())]
+        for j, (f, s) in enumerate(zip(fit, pt.scores)):
+            assert f == ("=" if x1[j] == x2[j] else "1" if bool(x1[j]) == prefers[j] else "2")
+            assert (s.response_1, s.response_2) == {"=": (5, 5), "1": (9, 1), "2": (1, 9)}[f]
+        # the decision is the posterior-mean utility difference's sign (up to the percentages' rounding)
+        hist = np.array([p.differing for p in world.history(pair.user_id, 3)])   # variant 0: the first 3 pairs
+        margin = float(prior.posterior_weights(hist) @ prior.samples @ (np.array(x1) - np.array(x2)))
+        if abs(margin) > 0.05:
+            decisive += 1
+            assert (pt.final["response_1"] > pt.final["response_2"]) == (margin > 0)
+    assert decisive > 50

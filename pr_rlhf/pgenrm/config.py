@@ -54,7 +54,7 @@ class GRPOStageConfig(StrictModel):
     prompts_per_step: int = Field(16, ge=1)
     group_size: int = Field(4, ge=2)
     temperature: float = Field(1.0, gt=0)
-    max_tokens: int = Field(256, ge=16)
+    max_tokens: int = Field(448, ge=16)
     lr: float = Field(2e-4, gt=0)
     alpha: float = Field(0.5, ge=0, description="weight of the process reward PR (criteria coverage)")
     beta: float = Field(1.0, ge=0, description="weight of the outcome reward OR (prefers the chosen answer)")
@@ -93,7 +93,7 @@ class PGenRMEvalConfig(StrictModel):
     seen_pairs: int | None = Field(None, ge=1, description="seeded sample of the seen users' held-out pairs "
                                                          "(None: all)")
     cold_pairs: int | None = Field(None, ge=1)
-    max_tokens: int = Field(256, ge=16)
+    max_tokens: int = Field(448, ge=16)
     n_bootstrap: int = Field(1000, ge=10)
     history_pairs: int = Field(3, ge=1)
 
@@ -107,12 +107,14 @@ class PGenRMConfig(StrictModel):
     stages: list[Stage] = Field(default_factory=lambda: list(MAIN_STAGES),
                                 description="stages to run, in order; a finished stage is not run again")
     history_size: int = Field(3, ge=1, description="history pairs in every prompt (training and evaluation)")
-    chain_style: Literal["compact", "table"] = Field(
-        "compact", description="the oracle chains' persona: 'compact' (evidence lines naming the attributes that "
-                               "differ, then the preferences) or 'table' (every attribute on every line: "
-                               "Example i / Prefers / Responses)")
+    chain_style: Literal["compact", "trace"] = Field(
+        "trace", description="the oracle chains: 'trace' (history lines and responses transliterated in catalog "
+                             "order, a Fit line, the rubric over every attribute; learned by a tiny model from "
+                             "scratch) or 'compact' (evidence lines naming the attributes that differ, a rubric "
+                             "over those)")
     learner: LearnerConfig = Field(default_factory=lambda: LearnerConfig(
-        model="tiny-genrm", lr=2e-4, micro_batch_size=16, weight_decay=0.0, num_cpus_per_worker=1.0))
+        model="tiny-genrm", lr=2e-4, micro_batch_size=16, weight_decay=0.0, betas=(0.9, 0.95),
+        num_cpus_per_worker=1.0))
     rollout: EngineConfig = Field(default_factory=lambda: EngineConfig(backend="hf", model="tiny-genrm"))
     rollout_workers: int = Field(1, ge=1)
     rollout_num_cpus: float = Field(1.0, gt=0)

@@ -12,6 +12,13 @@ For a pair of one user, given that user's history pairs (x_chosen - x_rejected p
 - **scores**: per criterion, the response whose value the user likely prefers gets 5 + a, the other 5 - a, with
   a in 1..4 growing with the posterior's confidence; final scores are the weighted sums.
 
+The ``trace`` style (the default for tiny models trained from scratch) writes the same reasoning as a sequence
+of copies and column lookups: the numbered history lines and both responses transliterated token by token, the
+posterior's direction and who fits it per attribute, then a rubric over every attribute (catalog order, weights
+|posterior mean|) whose scores are 9 / 1 for the response that fits, 5 / 5 where the two are alike. Its decision is
+the sign of E[w] . (x_1 - x_2), the posterior-mean utility difference. Measured on the 3-attribute smoke world,
+300 SFT steps: the compact chain's evidence lines were right for 61 of 600, the trace's for 527 of 600.
+
 Targets come from the posterior given the history (what can be known), never from the hidden true weights. The
 chain's choice is the sign of its weighted-sum difference; rejection sampling keeps a chain only when that choice
 is the labelled chosen answer (as the paper's teacher data), so the kept share is about the oracle's accuracy.
@@ -28,7 +35,7 @@ from pr_rlhf.world.attributes import CATALOG
 from pr_rlhf.world.generator import World, WorldPair
 from pr_rlhf.world.reference import WorldPrior
 
-ChainStyle = Literal["full", "compact", "table"]
+ChainStyle = Literal["full", "compact", "trace"]
 CLEAR_WEIGHT = 0.25   # |posterior-mean weight| above which the persona states a preference
 
 
@@ -72,21 +79,26 @@ def persona_text(world: World, history: list[WorldPair], mean: np.ndarray, every
     return "\n".join(lines)
 
 
-def table_persona(world: World, history: list[WorldPair], mean: np.ndarray, x1: np.ndarray,
-                  x2: np.ndarray) -> str:
-    """The ``table`` persona: every attribute in catalog order on every line, so each symbol depends on two cue
-    words only. ``Example i: structure+ examples= ...`` (+: chose the answer that has it over one that lacks
-    it, -: the reverse, =: both alike), ``Prefers: structure+ examples- ...`` (the posterior mean's sign) and
-    ``Responses: structure1 examples= ...`` (which response has the attribute where they differ)."""
+def transliterate(names: tuple[str, ...], x) -> str:
+    """A response's attribute values as signed tokens in rendering order (``+structure -examples ...``)."""
+    return " ".join(signed(n, int(v)) for n, v in zip(names, x))
+
+
+def trace_persona(world: World, history: list[WorldPair], mean: np.ndarray, x1, x2) -> str:
+    """The ``trace`` persona, every line in catalog order so that the k-th symbol of each line is about the same
+    attribute: each numbered history line of the prompt transliterated token by token (``Example 1: +structure
+    -examples > -structure -examples``), the posterior mean's direction per attribute (``Prefers:``), both
+    responses transliterated, then which response fits each preference (``Fit: structure= examples2``: = alike,
+    1 or 2 the response that has the preferred value). Each symbol is a copy of one prompt token or a lookup of
+    the same column in earlier lines: the patterns a small transformer learns first."""
     names = world.attribute_names
-
-    def sym(a: int, b: int, plus: str, minus: str) -> str:
-        return "=" if a == b else (plus if a else minus)
-
-    lines = [f"Example {i}: " + " ".join(f"{n}{sym(p.x_chosen[j], p.x_rejected[j], '+', '-')}"
-                                         for j, n in enumerate(names)) for i, p in enumerate(history, 1)]
-    lines.append("Prefers: " + " ".join(f"{n}{'+' if mean[j] > 0 else '-'}" for j, n in enumerate(names)))
-    lines.append("Responses: " + " ".join(f"{n}{sym(int(x1[j]), int(x2[j]), '1', '2')}" for j, n in enumerate(names)))
+    lines = [f"Example {i}: {transliterate(names, p.x_chosen)} > {transliterate(names, p.x_rejected)}"
+             for i, p in enumerate(history, 1)]
+    lines.append("Prefers: " + " ".join(signed(n, int(mean[j] > 0)) for j, n in enumerate(names)))
+    lines.append(f"Response 1: {transliterate(names, x1)}")
+    lines.append(f"Response 2: {transliterate(names, x2)}")
+    fit = ["=" if x1[j] == x2[j] else ("1" if bool(x1[j]) == bool(mean[j] > 0) else "2") for j in range(len(names))]
+    lines.append("Fit: " + " ".join(f"{n}{f}" for n, f in zip(names, fit)))
     return "\n".join(lines)
 
 
@@ -109,28 +121,34 @@ def oracle_chain(world: World, prior: WorldPrior, pair: WorldPair, history: list
     """The oracle's chain for ``pair`` with ``history``, responses in the given slot order. ``style="compact"``
     names each criterion by its signed attribute token (``+detail``) and leaves reasons out: criteria and scores
     in about half the characters, for small models; its persona also names the weak leanings, so that every
-    criterion's direction is stated before the rubric. ``style="table"``: the compact rubric after a persona that
-    states every attribute on every line (:func:`table_persona`)."""
+    criterion's direction is stated before the rubric. ``style="trace"``: :func:`trace_persona`, then the rubric over every
+    attribute, scored from the Fit line."""
     names = world.attribute_names
     hist = np.array([p.differing for p in history]).reshape(-1, len(names))
     mean = prior.posterior_weights(hist) @ prior.samples
     x1, x2 = (pair.x_chosen, pair.x_rejected) if first_is_chosen else (pair.x_rejected, pair.x_chosen)
     differing = [j for j in range(len(names)) if x1[j] != x2[j]]
+    if style == "trace":   # the rubric is the user's, every attribute in catalog order; alike ones score alike
+        differing = list(range(len(names)))
     scale = max(float(np.abs(mean[differing]).max()), 1e-9) if differing else 1.0
     criteria, scores = [], []
     raw_weights = [max(abs(float(mean[j])), 1e-3) for j in differing]
     for j, pct in zip(differing, percentages(raw_weights)):
         attr = CATALOG[names[j]]
         wants = bool(mean[j] > 0)
-        a = 1 + int(round(3 * abs(float(mean[j])) / scale))
-        first_fits = bool(x1[j]) == wants
-        s1, s2 = (5 + a, 5 - a) if first_fits else (5 - a, 5 + a)
+        if style == "trace":   # the weights carry the strength: scores only say who fits (the Fit line)
+            s1, s2 = (5, 5) if x1[j] == x2[j] else ((9, 1) if bool(x1[j]) == wants else (1, 9))
+        else:
+            a = 1 + int(round(3 * abs(float(mean[j])) / scale))
+            s1, s2 = (5 + a, 5 - a) if bool(x1[j]) == wants else (5 - a, 5 + a)
         token = signed(attr.name, int(wants))
         label = attr.aspect(wants) if style == "full" else token
         criteria.append(Criterion(label, pct / 100))
         scores.append(CriterionScore(label, float(s1), float(s2), token if style == "full" else ""))
-    persona = table_persona(world, history, mean, x1, x2) if style == "table" else \
-        persona_text(world, history, mean, every_attribute=style == "compact")
+    if style == "trace":
+        persona = trace_persona(world, history, mean, x1, x2)
+    else:
+        persona = persona_text(world, history, mean, every_attribute=style == "compact")
     sec = SEC(persona=persona, criteria=criteria, scores=scores)
     final = sec.weighted_sums() or {"response_1": 5.0, "response_2": 5.0}
     sec.final = {k: round(v, 4) for k, v in final.items()}

@@ -94,7 +94,7 @@ def psi_examples(world: World, history_size: int = 3, seed: int = 0, keep_incorr
             counts[0] += int(chain.correct)
             r1, r2 = (pair.chosen, pair.rejected) if first_is_chosen else (pair.rejected, pair.chosen)
             inp = rm_input(pair, history)
-            prompt = sec_prompt(inp, r1, r2) if style == "full" else sec_compact_prompt(inp, r1, r2)   # compact, table
+            prompt = sec_prompt(inp, r1, r2) if style == "full" else sec_compact_prompt(inp, r1, r2)   # compact, trace
             out.append(PSIExample(pair.pair_id, user.user_id, prompt, format_sec(chain.sec, final=style == "full"),
                                   first_is_chosen, chain.correct, pair.hardness))
     return out, stats

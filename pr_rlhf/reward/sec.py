@@ -102,11 +102,12 @@ def one_line(text: str) -> str:
 
 
 def sec_compact_prompt(inp: RMInput, response_1: str, response_2: str) -> list[dict]:
-    """The compact P-GenRM prompt (``prompts/sec_compact.txt``) for small models trained from scratch: one line per
-    history choice (``Chose: ... | over: ...``), the query and both responses, texts flattened to one line. The
-    history's questions are left out (the choice is the evidence); the chain it asks for is the same SEC."""
-    lines = "\n".join(f"Chose: {one_line(t.get('chosen', ''))} | over: {one_line(t.get('rejected', ''))}"
-                       for t in inp.history)
+    """The compact P-GenRM prompt (``prompts/sec_compact.txt``) for small models trained from scratch: one numbered
+    line per history choice (``Example 1: <chosen> > <rejected>``), the query and both responses, texts flattened
+    to one line. The history's questions are left out (the choice is the evidence). Numbering the lines lets a
+    chain's ``Example i`` find its line by matching, not by counting; the chain asked for is the same SEC."""
+    lines = "\n".join(f"Example {i}: {one_line(t.get('chosen', ''))} > {one_line(t.get('rejected', ''))}"
+                       for i, t in enumerate(inp.history, 1))
     return chat("sec_compact", history_lines=lines, question=one_line(inp.question),
                 response_1=one_line(response_1), response_2=one_line(response_2))
 
