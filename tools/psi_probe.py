@@ -12,7 +12,6 @@ path; this probe decides what to run there. The README's "Measured learning" tab
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import time
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import torch
 from pr_rlhf.config import load_recipe
 from pr_rlhf.models.prompting import encode_prompt, load_tokenizer
 from pr_rlhf.models.sources import resolve_model
+from pr_rlhf.pgenrm.config import SFTStageConfig
 from pr_rlhf.pgenrm.oracle_chain import oracle_chain
 from pr_rlhf.pgenrm.psi_data import psi_examples, rm_input
 from pr_rlhf.reward.sec import format_sec, parse_sec, sec_compact_prompt
@@ -92,12 +92,6 @@ def evaluate(model, tok, items: list[HeldOut], max_new: int, batch: int = 100) -
             "lines": {k: f"{r}/{n}" for k, (r, n) in lines.items() if n > 5}}
 
 
-def lr_at(step: int, peak: float, steps: int, warmup: int = 10, floor: float = 0.1) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup))))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("recipe", help="a P-GenRM recipe: its world, chain style and model")
@@ -128,6 +122,7 @@ def main() -> None:
     print(f"{len(examples)} examples (kept {stats.kept_share:.3f}); prompt {np.mean([len(p) for p, _ in data]):.0f} "
           f"+ chain {np.mean([len(t) for _, t in data]):.0f} tokens; "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", flush=True)
+    schedule = SFTStageConfig(steps=a.steps, lr=a.lr, warmup_steps=10)   # the pipeline's warm-up + cosine
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
     order, pos, start = np.random.default_rng(1).permutation(len(data)), 0, time.time()
     model.train()
@@ -147,7 +142,7 @@ def main() -> None:
             mask[i, :len(p) + len(t)] = 1
             labels[i, len(p):len(p) + len(t)] = torch.tensor(t)
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, a.lr, a.steps)
+            group["lr"] = schedule.lr_at(step)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad()
         loss.backward()

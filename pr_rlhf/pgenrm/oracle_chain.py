@@ -84,6 +84,14 @@ def transliterate(names: tuple[str, ...], x) -> str:
     return " ".join(signed(n, int(v)) for n, v in zip(names, x))
 
 
+FIT_SCORES = {"=": (5, 5), "1": (9, 1), "2": (1, 9)}   # the trace rubric's scores per Fit symbol
+
+
+def fit_symbols(mean: np.ndarray, x1, x2) -> list[str]:
+    """Per attribute: "=" (alike), "1" / "2" (the response that has the value the posterior mean prefers)."""
+    return ["=" if a == b else ("1" if bool(a) == bool(m > 0) else "2") for m, a, b in zip(mean, x1, x2)]
+
+
 def trace_persona(world: World, history: list[WorldPair], mean: np.ndarray, x1, x2) -> str:
     """The ``trace`` persona, every line in catalog order so that the k-th symbol of each line is about the same
     attribute: each numbered history line of the prompt transliterated token by token (``Example 1: +structure
@@ -97,8 +105,7 @@ def trace_persona(world: World, history: list[WorldPair], mean: np.ndarray, x1, 
     lines.append("Prefers: " + " ".join(signed(n, int(mean[j] > 0)) for j, n in enumerate(names)))
     lines.append(f"Response 1: {transliterate(names, x1)}")
     lines.append(f"Response 2: {transliterate(names, x2)}")
-    fit = ["=" if x1[j] == x2[j] else ("1" if bool(x1[j]) == bool(mean[j] > 0) else "2") for j in range(len(names))]
-    lines.append("Fit: " + " ".join(f"{n}{f}" for n, f in zip(names, fit)))
+    lines.append("Fit: " + " ".join(f"{n}{f}" for n, f in zip(names, fit_symbols(mean, x1, x2))))
     return "\n".join(lines)
 
 
@@ -127,9 +134,10 @@ def oracle_chain(world: World, prior: WorldPrior, pair: WorldPair, history: list
     hist = np.array([p.differing for p in history]).reshape(-1, len(names))
     mean = prior.posterior_weights(hist) @ prior.samples
     x1, x2 = (pair.x_chosen, pair.x_rejected) if first_is_chosen else (pair.x_rejected, pair.x_chosen)
-    differing = [j for j in range(len(names)) if x1[j] != x2[j]]
-    if style == "trace":   # the rubric is the user's, every attribute in catalog order; alike ones score alike
-        differing = list(range(len(names)))
+    # the trace rubric is the user's: every attribute in catalog order (alike ones score alike); else the ones
+    # on which the pair differs
+    differing = list(range(len(names))) if style == "trace" else [j for j in range(len(names)) if x1[j] != x2[j]]
+    fit = fit_symbols(mean, x1, x2)
     scale = max(float(np.abs(mean[differing]).max()), 1e-9) if differing else 1.0
     criteria, scores = [], []
     raw_weights = [max(abs(float(mean[j])), 1e-3) for j in differing]
@@ -137,9 +145,9 @@ def oracle_chain(world: World, prior: WorldPrior, pair: WorldPair, history: list
         attr = CATALOG[names[j]]
         wants = bool(mean[j] > 0)
         if style == "trace":   # the weights carry the strength: scores only say who fits (the Fit line)
-            s1, s2 = (5, 5) if x1[j] == x2[j] else ((9, 1) if bool(x1[j]) == wants else (1, 9))
+            s1, s2 = FIT_SCORES[fit[j]]
         else:
-            a = 1 + int(round(3 * abs(float(mean[j])) / scale))
+            a = 1 + round(3 * abs(float(mean[j])) / scale)
             s1, s2 = (5 + a, 5 - a) if bool(x1[j]) == wants else (5 - a, 5 + a)
         token = signed(attr.name, int(wants))
         label = attr.aspect(wants) if style == "full" else token
