@@ -236,3 +236,40 @@ def test_trace_style_transliterates_aligned_columns_and_decides_by_the_posterior
             decisive += 1
             assert (pt.final["response_1"] > pt.final["response_2"]) == (margin > 0)
     assert decisive > 50
+
+
+def test_vote_style_votes_for_the_user_type_and_decides_by_its_weights():
+    world = build_world(WorldConfig(users=12, cold_start_users=2, reference_samples=1000, rendering="compact"))
+    prior = WorldPrior.of(world)
+    trace, _ = psi_examples(world, style="trace", keep_incorrect=True, prior=prior)
+    vote, _ = psi_examples(world, style="vote", keep_incorrect=True, prior=prior)
+    labels = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:len(world.archetypes)]
+    pairs = {p.pair_id: p for p in world.pairs}
+    decisive = 0
+    for t, v in zip(trace, vote):
+        assert t.messages == v.messages                                   # same prompt as the trace style
+        pv = parse_sec(v.target).value
+        lines = pv.persona.splitlines()
+        history = [line for line in lines if line.startswith("Example ")]
+        agrees = [line.split(": ")[1] for line in lines if line.startswith("Agrees ")]
+        assert len(history) == len(agrees) and history == [x for x in t.target.splitlines() if x.startswith("Example ")]
+        votes = dict.fromkeys(labels, 0)
+        for line, agreed in zip(history, agrees):
+            chosen, rejected = (np.array([tok[0] == "+" for tok in side.split()], dtype=float)
+                                for side in line.split(": ")[1].split(" > "))
+            expect = [k for k, a in zip(labels, world.archetypes) if a @ (chosen - rejected) > 0]
+            assert agreed == (" ".join(expect) or "none")
+            for k in expect:
+                votes[k] += 1
+        assert next(x for x in lines if x.startswith("Votes: ")) == "Votes: " + " ".join(f"{k}{n}" for k, n in votes.items())
+        voted = max(labels, key=lambda k: (votes[k], -labels.index(k)))   # most votes, the first on ties
+        assert next(x for x in lines if x.startswith("Type: ")) == f"Type: {voted}"
+        weights = world.archetypes[labels.index(voted)]
+        assert [c.name for c in pv.criteria] == [f"{'+' if w > 0 else '-'}{n}" for w, n in zip(weights, world.attribute_names)]
+        pair = pairs[v.pair_id]
+        x1, x2 = (pair.x_chosen, pair.x_rejected) if v.first_is_chosen else (pair.x_rejected, pair.x_chosen)
+        margin = float(weights @ (np.array(x1) - np.array(x2)))
+        if abs(margin) > 0.05:                                            # the voted type's utility difference
+            decisive += 1
+            assert (pv.final["response_1"] > pv.final["response_2"]) == (margin > 0)
+    assert decisive > 50

@@ -128,21 +128,21 @@ def test_stage_order_error_names_the_missing_parent(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_smoke_pipeline_runs_every_stage_learns_the_format_and_resumes(tmp_path):
+def test_smoke_pipeline_runs_every_stage_learns_above_chance_and_resumes(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     cmd = [sys.executable, "-m", "pr_rlhf.cli", "pgenrm", str(ROOT / "recipes" / "pgenrm_smoke.yaml"),
            "--out", str(out), "--set", f"pgenrm.shards={tmp_path / 'data'}"]
-    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1700)
+    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=2400)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     results = {s: json.loads((out / s / "result.json").read_text()) for s in ("base", "psi", "cre", "curriculum")}
     base, psi = results["base"]["seen"]["summary"], results["psi"]["seen"]["summary"]
-    # What the smoke's minutes of SFT reliably teach: the chain format. The untrained model writes nothing the
-    # parser reads (every verdict a failure); after PSI nearly every chain parses and decides, on seen and on
-    # cold-start users (whose prompts have one history pair). Accuracy is reported, not asserted: 600 steps sit
-    # at the edge of where the trace chain's lookups form (measured 55% [48, 62] through the pipeline, 65% in a
-    # standalone run of the same steps; README).
+    # The untrained model writes nothing the parser reads (every verdict a failure); after PSI nearly every chain
+    # parses and decides, on seen and on cold-start users (whose prompts have one history pair), and the
+    # seen-user accuracy lies above chance beyond its 95% CI (800 steps: the pipeline's PSI measured 58% after
+    # 500 steps and 87.5% after 1,000 on this world; README).
     assert base["failure_rate"] == 1.0
+    assert psi["ci_low"] > 0.5, psi
     for group in ("seen", "cold"):
         s = results["psi"][group]["summary"]
         assert s["failure_rate"] + s["tie_rate"] < 0.1, s

@@ -95,7 +95,7 @@ def evaluate(model, tok, items: list[HeldOut], max_new: int, batch: int = 100) -
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("recipe", help="a P-GenRM recipe: its world, chain style and model")
-    ap.add_argument("--style", choices=["compact", "trace"], help="override the recipe's chain style")
+    ap.add_argument("--style", choices=["compact", "trace", "vote"], help="override the recipe's chain style")
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch-size", type=int, default=16)

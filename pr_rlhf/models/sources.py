@@ -175,8 +175,11 @@ def genrm_corpus() -> list[str]:
 
     world = build_world(WorldConfig(seed=1000, users=60, cold_start_users=0, rendering="compact",
                                     reference_samples=1000))
-    examples, _ = psi_examples(world, style="compact", keep_incorrect=True)
-    return [m["content"] for e in examples for m in e.messages] + [e.target for e in examples]
+    texts = []
+    for style in ("compact", "vote"):   # the vote chain's lines are a superset of the trace chain's
+        examples, _ = psi_examples(world, style=style, keep_incorrect=True)
+        texts += [e.target for e in examples]
+    return [m["content"] for e in examples for m in e.messages] + texts
 
 
 def _train_tokenizer(texts: list[str], vocab_size: int) -> Any:

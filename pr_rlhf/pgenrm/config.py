@@ -107,11 +107,12 @@ class PGenRMConfig(StrictModel):
     stages: list[Stage] = Field(default_factory=lambda: list(MAIN_STAGES),
                                 description="stages to run, in order; a finished stage is not run again")
     history_size: int = Field(3, ge=1, description="history pairs in every prompt (training and evaluation)")
-    chain_style: Literal["compact", "trace"] = Field(
-        "trace", description="the oracle chains: 'trace' (history lines and responses transliterated in catalog "
-                             "order, a Fit line, the rubric over every attribute; learned by a tiny model from "
-                             "scratch) or 'compact' (evidence lines naming the attributes that differ, a rubric "
-                             "over those)")
+    chain_style: Literal["compact", "trace", "vote"] = Field(
+        "trace", description="the oracle chains: 'vote' (the trace chain whose persona votes for the user's type: "
+                             "per history line the types it agrees with, the votes, the type, whose weights make "
+                             "the rubric), 'trace' (history lines and responses transliterated in catalog order, the "
+                             "posterior's direction, a Fit line, the rubric over every attribute) or 'compact' "
+                             "(evidence lines naming the attributes that differ, a rubric over those)")
     learner: LearnerConfig = Field(default_factory=lambda: LearnerConfig(
         model="tiny-genrm", lr=2e-4, micro_batch_size=16, weight_decay=0.0, betas=(0.9, 0.95),
         num_cpus_per_worker=1.0))

@@ -19,6 +19,13 @@ posterior's direction and who fits it per attribute, then a rubric over every at
 the sign of E[w] . (x_1 - x_2), the posterior-mean utility difference. Measured on the 3-attribute smoke world,
 300 SFT steps: the compact chain's evidence lines were right for 61 of 600, the trace's for 527 of 600.
 
+The ``vote`` style replaces the posterior's direction (a joint function of every history line, which a tiny model
+learned slowly: the default world's ``Prefers`` line was right for 28% after 900 steps) by a vote for the user's
+type (the world's archetypes are the prior's mixture components): per history line the types whose mean weights
+agree with its choice, the vote counts, the type with most votes, then that type's preferences and weights. The
+voted type's weights decide about as well as the posterior (measured on held-out seen-user pairs: 3-attribute
+world 87.7% vs 90.0%, default world 79.2% vs 81.4%; the per-user logistic regression 77.9% / 69.6%).
+
 Targets come from the posterior given the history (what can be known), never from the hidden true weights. The
 chain's choice is the sign of its weighted-sum difference; rejection sampling keeps a chain only when that choice
 is the labelled chosen answer (as the paper's teacher data), so the kept share is about the oracle's accuracy.
@@ -35,7 +42,8 @@ from pr_rlhf.world.attributes import CATALOG
 from pr_rlhf.world.generator import World, WorldPair
 from pr_rlhf.world.reference import WorldPrior
 
-ChainStyle = Literal["full", "compact", "trace"]
+ChainStyle = Literal["full", "compact", "trace", "vote"]
+TYPE_LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 CLEAR_WEIGHT = 0.25   # |posterior-mean weight| above which the persona states a preference
 
 
@@ -92,6 +100,49 @@ def fit_symbols(mean: np.ndarray, x1, x2) -> list[str]:
     return ["=" if a == b else ("1" if bool(a) == bool(m > 0) else "2") for m, a, b in zip(mean, x1, x2)]
 
 
+def history_lines(names: tuple[str, ...], history: list[WorldPair]) -> list[str]:
+    """Each numbered history line of the prompt transliterated token by token, catalog order."""
+    return [f"Example {i}: {transliterate(names, p.x_chosen)} > {transliterate(names, p.x_rejected)}"
+            for i, p in enumerate(history, 1)]
+
+
+def response_lines(names: tuple[str, ...], direction: np.ndarray, x1, x2) -> list[str]:
+    """The preferred value per attribute (sign of ``direction``), both responses, and who fits each (the Fit line)."""
+    return ["Prefers: " + " ".join(signed(n, int(direction[j] > 0)) for j, n in enumerate(names)),
+            f"Response 1: {transliterate(names, x1)}",
+            f"Response 2: {transliterate(names, x2)}",
+            "Fit: " + " ".join(f"{n}{f}" for n, f in zip(names, fit_symbols(direction, x1, x2)))]
+
+
+def vote_type(archetypes: np.ndarray, history: list[WorldPair]) -> tuple[list[list[int]], np.ndarray, int]:
+    """Per history pair the user types (archetypes) whose mean weights prefer its chosen answer, the votes per
+    type, and the voted type: most votes, the first type on ties (no history: type A). Measured on the
+    default world: the voted type's weights decide 79% of held-out seen-user pairs right, the full posterior
+    81%, the per-user logistic regression 70%."""
+    agrees = [[k for k in range(len(archetypes)) if float(archetypes[k] @ p.differing) > 0] for p in history]
+    votes = np.zeros(len(archetypes), dtype=int)
+    for ks in agrees:
+        votes[ks] += 1
+    return agrees, votes, int(np.argmax(votes))
+
+
+def vote_persona(world: World, history: list[WorldPair], x1, x2) -> tuple[str, np.ndarray]:
+    """The ``vote`` persona: each transliterated history line followed by the user types it agrees with
+    (``Agrees 1: A C``), the votes (``Votes: A2 B0 C1``), the voted ``Type``, then that type's preferred values,
+    both responses and who fits (as the trace style). Every step is a copy, a lookup of the line above (which
+    types a line's choice agrees with: a function of its differing columns), a count, or a per-type constant.
+    Returns the persona and the voted type's weights (the rubric's)."""
+    names = world.attribute_names
+    agrees, votes, k = vote_type(world.archetypes, history)
+    lines = []
+    for i, (line, ks) in enumerate(zip(history_lines(names, history), agrees), 1):
+        lines += [line, f"Agrees {i}: {' '.join(TYPE_LABELS[j] for j in ks) or 'none'}"]
+    lines.append("Votes: " + " ".join(f"{TYPE_LABELS[j]}{v}" for j, v in enumerate(votes)))
+    lines.append(f"Type: {TYPE_LABELS[k]}")
+    direction = world.archetypes[k]
+    return "\n".join(lines + response_lines(names, direction, x1, x2)), direction
+
+
 def trace_persona(world: World, history: list[WorldPair], mean: np.ndarray, x1, x2) -> str:
     """The ``trace`` persona, every line in catalog order so that the k-th symbol of each line is about the same
     attribute: each numbered history line of the prompt transliterated token by token (``Example 1: +structure
@@ -100,13 +151,7 @@ def trace_persona(world: World, history: list[WorldPair], mean: np.ndarray, x1, 
     1 or 2 the response that has the preferred value). Each symbol is a copy of one prompt token or a lookup of
     the same column in earlier lines: the patterns a small transformer learns first."""
     names = world.attribute_names
-    lines = [f"Example {i}: {transliterate(names, p.x_chosen)} > {transliterate(names, p.x_rejected)}"
-             for i, p in enumerate(history, 1)]
-    lines.append("Prefers: " + " ".join(signed(n, int(mean[j] > 0)) for j, n in enumerate(names)))
-    lines.append(f"Response 1: {transliterate(names, x1)}")
-    lines.append(f"Response 2: {transliterate(names, x2)}")
-    lines.append("Fit: " + " ".join(f"{n}{f}" for n, f in zip(names, fit_symbols(mean, x1, x2))))
-    return "\n".join(lines)
+    return "\n".join(history_lines(names, history) + response_lines(names, mean, x1, x2))
 
 
 def percentages(raw: list[float]) -> list[int]:
@@ -128,35 +173,39 @@ def oracle_chain(world: World, prior: WorldPrior, pair: WorldPair, history: list
     """The oracle's chain for ``pair`` with ``history``, responses in the given slot order. ``style="compact"``
     names each criterion by its signed attribute token (``+detail``) and leaves reasons out: criteria and scores
     in about half the characters, for small models; its persona also names the weak leanings, so that every
-    criterion's direction is stated before the rubric. ``style="trace"``: :func:`trace_persona`, then the rubric over every
-    attribute, scored from the Fit line."""
+    criterion's direction is stated before the rubric. ``style="trace"``: :func:`trace_persona`, then the rubric
+    over every attribute (weights |posterior mean|), scored from the Fit line. ``style="vote"``: :func:`vote_persona`
+    and the same rubric with the voted type's weights."""
     names = world.attribute_names
     hist = np.array([p.differing for p in history]).reshape(-1, len(names))
     mean = prior.posterior_weights(hist) @ prior.samples
     x1, x2 = (pair.x_chosen, pair.x_rejected) if first_is_chosen else (pair.x_rejected, pair.x_chosen)
-    # the trace rubric is the user's: every attribute in catalog order (alike ones score alike); else the ones
-    # on which the pair differs
-    differing = list(range(len(names))) if style == "trace" else [j for j in range(len(names)) if x1[j] != x2[j]]
-    fit = fit_symbols(mean, x1, x2)
-    scale = max(float(np.abs(mean[differing]).max()), 1e-9) if differing else 1.0
+    every_attribute = style in ("trace", "vote")
+    if style == "vote":
+        persona, direction = vote_persona(world, history, x1, x2)
+    elif style == "trace":
+        persona, direction = trace_persona(world, history, mean, x1, x2), mean
+    else:
+        persona, direction = persona_text(world, history, mean, every_attribute=style == "compact"), mean
+    # the trace / vote rubric is the user's: every attribute in catalog order (alike ones score alike); else the
+    # ones on which the pair differs
+    rubric = list(range(len(names))) if every_attribute else [j for j in range(len(names)) if x1[j] != x2[j]]
+    fit = fit_symbols(direction, x1, x2)
+    scale = max(float(np.abs(direction[rubric]).max()), 1e-9) if rubric else 1.0
     criteria, scores = [], []
-    raw_weights = [max(abs(float(mean[j])), 1e-3) for j in differing]
-    for j, pct in zip(differing, percentages(raw_weights)):
+    raw_weights = [max(abs(float(direction[j])), 1e-3) for j in rubric]
+    for j, pct in zip(rubric, percentages(raw_weights)):
         attr = CATALOG[names[j]]
-        wants = bool(mean[j] > 0)
-        if style == "trace":   # the weights carry the strength: scores only say who fits (the Fit line)
+        wants = bool(direction[j] > 0)
+        if every_attribute:   # the weights carry the strength: scores only say who fits (the Fit line)
             s1, s2 = FIT_SCORES[fit[j]]
         else:
-            a = 1 + round(3 * abs(float(mean[j])) / scale)
+            a = 1 + round(3 * abs(float(direction[j])) / scale)
             s1, s2 = (5 + a, 5 - a) if bool(x1[j]) == wants else (5 - a, 5 + a)
         token = signed(attr.name, int(wants))
         label = attr.aspect(wants) if style == "full" else token
         criteria.append(Criterion(label, pct / 100))
         scores.append(CriterionScore(label, float(s1), float(s2), token if style == "full" else ""))
-    if style == "trace":
-        persona = trace_persona(world, history, mean, x1, x2)
-    else:
-        persona = persona_text(world, history, mean, every_attribute=style == "compact")
     sec = SEC(persona=persona, criteria=criteria, scores=scores)
     final = sec.weighted_sums() or {"response_1": 5.0, "response_2": 5.0}
     sec.final = {k: round(v, 4) for k, v in final.items()}
