@@ -127,7 +127,7 @@ def test_stage_order_error_names_the_missing_parent(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(3300)   # the first run (<= 2400 s) and the resumed one (<= 600 s)
 def test_smoke_pipeline_runs_every_stage_learns_above_chance_and_resumes(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}

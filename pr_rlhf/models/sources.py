@@ -179,6 +179,7 @@ def genrm_corpus() -> list[str]:
     for style in ("compact", "vote"):   # the vote chain's lines are a superset of the trace chain's
         examples, _ = psi_examples(world, style=style, keep_incorrect=True)
         texts += [e.target for e in examples]
+    # every style has the same prompts: the last style's examples give them once
     return [m["content"] for e in examples for m in e.messages] + texts
 
 

@@ -26,7 +26,8 @@ agree with its choice, the vote counts, the type with most votes, then that type
 voted type's weights decide about as well as the posterior (measured on held-out seen-user pairs: 3-attribute
 world 87.7% vs 90.0%, default world 79.2% vs 81.4%; the per-user logistic regression 77.9% / 69.6%).
 
-Targets come from the posterior given the history (what can be known), never from the hidden true weights. The
+Targets come from what the history can tell (the posterior, or the vote over the world's user types), never
+from the user's hidden true weights. The
 chain's choice is the sign of its weighted-sum difference; rejection sampling keeps a chain only when that choice
 is the labelled chosen answer (as the paper's teacher data), so the kept share is about the oracle's accuracy.
 """
