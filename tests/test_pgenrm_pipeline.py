@@ -35,6 +35,8 @@ def test_stage_configs_and_validation():
         GRPOStageConfig(hard_share_start=0.2)
     with pytest.raises(ValueError, match="alpha and beta"):
         GRPOStageConfig(alpha=0, beta=0)
+    with pytest.raises(ValueError, match="advantage"):
+        GRPOStageConfig(advantage="gae")   # GAE needs a critic the GenRM stages do not train
     with pytest.raises(ValueError, match="compact"):
         PGenRMConfig(world={"rendering": "varied"})
     recipe = load_recipe(ROOT / "recipes" / "pgenrm_pipeline.yaml", ["pgenrm.cre.steps=3"])
@@ -93,6 +95,15 @@ def test_paired_gain_and_report_from_stage_results(tmp_path):
     text = report.markdown.read_text()
     assert "w/o curriculum" in text and "world oracle (seen)" in text and report.figure.stat().st_size > 1000
     assert "0.83" in text   # normalized to the oracle: (75 - 50) / (80 - 50)
+
+    # a moved run directory pairs its own predictions, not the files its results recorded
+    import shutil
+
+    moved = tmp_path.parent / f"{tmp_path.name}_moved"
+    shutil.copytree(tmp_path, moved)
+    pq.write_table(pa.table({"pair_id": list(old), "correct": [False] * len(old)}),
+                   tmp_path / "psi" / "eval_seen" / "predictions.parquet")   # the recorded file changes
+    assert write_ablation_report(moved).rows[0]["seen"]["gain"]["gain"] == pytest.approx(gain["gain"])
 
 
 def test_export_writes_a_model_that_reloads_with_the_same_weights(tmp_path):

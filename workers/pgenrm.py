@@ -359,7 +359,8 @@ class PGenRMPipeline:
         schedule = None if scfg.hard_share_start is None else (scfg.hard_share_start, scfg.hard_share_end,
                                                                scfg.steps)
         learner = self._learner(start, scfg.lr, scfg.temperature, scfg.kl)
-        rl_cfg = RLConfig(algorithm="grpo", group_size=scfg.group_size, learner=learner.config)
+        rl_cfg = RLConfig(algorithm="grpo", advantage=scfg.advantage, group_size=scfg.group_size,
+                          learner=learner.config)
         engine = self.cfg.rollout.model_copy(update={"model": start, "seed": self.recipe.seed})
         rollouts = [spawn_rollout_worker(engine, num_cpus=self.cfg.rollout_num_cpus,
                                          env={"OMP_NUM_THREADS": str(self.cfg.torch_threads)})

@@ -56,6 +56,10 @@ class GRPOStageConfig(StrictModel):
     temperature: float = Field(1.0, gt=0)
     max_tokens: int = Field(448, ge=16)
     lr: float = Field(2e-4, gt=0)
+    advantage: Literal["grpo", "grpo_no_std", "rloo"] = Field(
+        "grpo", description="group advantage: 'grpo' divides by the group's std, which blows a small PR "
+                            "difference between chains up to a full-size advantage; 'grpo_no_std' (Dr. GRPO) keeps "
+                            "advantages in reward units")
     alpha: float = Field(0.5, ge=0, description="weight of the process reward PR (criteria coverage)")
     beta: float = Field(1.0, ge=0, description="weight of the outcome reward OR (prefers the chosen answer)")
     format_penalty: float = Field(-0.1, description="reward of a chain that does not parse")

@@ -48,6 +48,13 @@ def correct_by_pair(predictions: str) -> dict[str, float]:
             .to_pylist()}
 
 
+def stage_predictions(run_dir: Path, stage: str, group: str, recorded: str) -> str:
+    """The predictions file of a stage's evaluation: the one inside the run directory (a run directory that was
+    moved or copied, or a report made from another working directory), else the path the evaluation recorded."""
+    local = run_dir / stage / f"eval_{group}" / Path(recorded).name
+    return str(local) if local.is_file() else recorded
+
+
 def paired_gain(new: dict[str, float], old: dict[str, float], seed: int = 0) -> dict[str, float]:
     """Mean over the shared pairs of (new correct - old correct), with a 95% bootstrap CI over pairs."""
     shared = sorted(set(new) & set(old))
@@ -93,8 +100,9 @@ def collect(run_dir: str | Path, seed: int = 0) -> list[dict]:
             cell["coin_flip_accuracy"] = s["accuracy"] + 0.5 * (s["failure_rate"] + s.get("tie_rate", 0.0))
             cell["hard"] = res[group].get("hardness", {}).get("hard")
             if row["parent"]:
-                cell["gain"] = paired_gain(correct_by_pair(res[group]["predictions"]),
-                                           correct_by_pair(results[parent][group]["predictions"]), seed)
+                new = stage_predictions(run_dir, stage, group, res[group]["predictions"])
+                old = stage_predictions(run_dir, parent, group, results[parent][group]["predictions"])
+                cell["gain"] = paired_gain(correct_by_pair(new), correct_by_pair(old), seed)
             row[group] = cell
         row["train_seconds"] = res.get("train_seconds", 0.0)
         rows.append(row)
