@@ -334,6 +334,39 @@ def run_pgenrm_stage(recipe: Recipe, stages: Optional[List[str]] = None, address
     return results
 
 
+@app.command()
+def scaling(recipe: Path = typer.Argument(..., help="recipe YAML with a scaling: section"),
+            overrides: Optional[List[str]] = OverridesOpt,
+            address: Optional[str] = typer.Option(None, help="Ray address (default: $RAY_ADDRESS or a local Ray)")):
+    """Test-time user-based scaling: accuracy of a trained GenRM at every (m chains, n neighbours) of the grid on
+    seen and cold-start users, with the user prototypes built (or loaded) on the way."""
+    rec = _recipe(recipe, overrides)
+    if rec.scaling is None:
+        _fail(f"{recipe}: no scaling: section (see recipes/scaling_grid.yaml)")
+    run_scaling_stage(rec, address)
+
+
+def run_scaling_stage(recipe: Recipe, address: Optional[str] = None) -> dict:
+    import os
+
+    from data_pipelines.build import ensure_world_shards
+    from workers.ray_utils import init_ray
+    from workers.scaling import run_scaling
+
+    cfg = recipe.scaling
+    console.rule(f"[bold]scaling[/] {cfg.model} -> {cfg.out}")
+    if not Path(cfg.model).is_dir():
+        _fail(f"scaling.model {cfg.model!r} is not a model directory: train one with `pr-rlhf pgenrm "
+              "recipes/pgenrm_pipeline.yaml`, or point scaling.model at a local GenRM")
+    if ensure_world_shards(cfg.shards, cfg.world):
+        console.print(f"built the recipe's synthetic world -> {cfg.shards}")
+    init_ray(address, num_cpus=max(os.cpu_count() or 1, 2))
+    result = run_scaling(recipe)
+    console.print(Path(result["markdown"]).read_text(), highlight=False)
+    console.print(f"written: {result['markdown']}, {result['figure']}", highlight=False)
+    return result
+
+
 @report_app.command("ablation")
 def report_ablation(run_dir: Path = typer.Argument(..., help="a `pr-rlhf pgenrm` run directory (pgenrm.out)"),
                     seed: int = typer.Option(0, help="bootstrap seed")) -> None:

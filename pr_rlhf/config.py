@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pr_rlhf.config_base import EngineConfig, GenerationConfig, ScalarRMConfig, StrictModel
 from pr_rlhf.pgenrm.config import PGenRMConfig
+from pr_rlhf.scaling.config import ScalingEvalConfig
 from pr_rlhf.reward.config import RewardConfig
 from pr_rlhf.train.rl_config import RLConfig
 from pr_rlhf.world.config import WorldConfig
@@ -97,6 +98,7 @@ class Recipe(StrictModel):
     reward: RewardConfig = Field(default_factory=RewardConfig, description="the reward pool's scorer")
     train: RLConfig | None = Field(None, description="an RL run (GRPO / PPO): `pr-rlhf train`")
     pgenrm: PGenRMConfig | None = Field(None, description="P-GenRM training stages: `pr-rlhf pgenrm`")
+    scaling: ScalingEvalConfig | None = Field(None, description="test-time scaling grid: `pr-rlhf scaling`")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
 

@@ -1,0 +1,145 @@
+"""The test-time scaling evaluation grid on the synthetic world: held-out pairs of seen users (3 history pairs)
+and of cold-start users (1 history pair), accuracy with a bootstrap CI at every (m, n), next to the world's oracle;
+markdown + PNG report. The evidence is gathered once per pair for the largest (m, n) (see ``scaling.scorer``)."""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pr_rlhf.config import EvalConfig
+from pr_rlhf.eval.metrics import accuracy_ci
+from pr_rlhf.reward.inputs import RMInput, history_rows_by_user, rm_inputs_from_rows
+from pr_rlhf.scaling.config import ScalingEvalConfig
+from pr_rlhf.scaling.scorer import Evidence, decide
+from pr_rlhf.shards import ShardReader
+
+GROUPS = {"seen": ("val+test", "seen"), "cold": ("test", "cold_start")}
+
+
+def group_inputs(cfg: ScalingEvalConfig, group: str, seed: int) -> list[RMInput]:
+    """The group's evaluated pairs with the group's history length (the eval's own loader and seeded sample)."""
+    from pr_rlhf.eval.runner import load_eval_inputs
+
+    split, users = GROUPS[group]
+    history = cfg.seen_history_pairs if group == "seen" else cfg.cold_history_pairs
+    max_pairs = cfg.seen_pairs if group == "seen" else cfg.cold_pairs
+    return load_eval_inputs(EvalConfig(shards=cfg.shards, split=split, users=users, max_pairs=max_pairs,
+                                       history_pairs=history), seed)
+
+
+def member_histories(shards: str, history_pairs: int) -> tuple[dict[str, list[dict]], list[RMInput]]:
+    """Seen (non-cold-start) users: their first ``history_pairs`` train pairs as history triples, and one input
+    per user (their next train pair with that history) whose chain's persona places them among the prototypes."""
+    reader = ShardReader(shards)
+    cold = {r["user_id"] for r in reader.iter_rows("profiles") if r.get("cold_start")}
+    train = list(reader.iter_rows("pairs", "train"))
+    by_user = history_rows_by_user(reader.iter_rows("histories"), train)
+    histories: dict[str, list[dict]] = {}
+    persona_rows: list[dict] = []
+    for (user, _subset), rows in sorted(by_user.items()):
+        if user in cold or len(rows) <= history_pairs:
+            continue
+        histories[user] = [{"question": r["question"], "chosen": r["chosen"], "rejected": r["rejected"]}
+                           for r in rows[:history_pairs]]
+        persona_rows.append(rows[history_pairs])
+    return histories, rm_inputs_from_rows(persona_rows, by_user, None, history_pairs)
+
+
+@dataclass
+class GridRow:
+    group: str
+    m: int
+    n: int
+    accuracy: float
+    ci_low: float
+    ci_high: float
+    pairs: int
+    no_verdict: int                    # pairs without a valid chain on any side, or a tie
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def grid_rows(group: str, evidence: Sequence[Evidence], points: Sequence[tuple[int, int]], self_weight: float,
+              neighbour_weight: float, n_bootstrap: int = 1000, seed: int = 0) -> list[GridRow]:
+    """Accuracy (ties and pairs without a valid chain count as wrong) with a 95% bootstrap CI per point."""
+    rows = []
+    for m, n in points:
+        decisions = [decide(ev, m, n, self_weight, neighbour_weight) for ev in evidence]
+        correct = np.array([d.correct(ev.chosen_slot) for d, ev in zip(decisions, evidence)], dtype=float)
+        low, high = accuracy_ci(correct, n_bootstrap=n_bootstrap, seed=seed)
+        rows.append(GridRow(group, m, n, float(correct.mean()) if correct.size else float("nan"), low, high,
+                            len(evidence), sum(d.predicted is None for d in decisions)))
+    return rows
+
+
+def _pct(x: float) -> str:
+    return "-" if x != x else f"{100 * x:.1f}"
+
+
+def write_grid_report(out: Path, rows: Sequence[GridRow], references: dict[str, dict], failures: dict[str, dict],
+                      extra: dict[str, Any]) -> tuple[Path, Path]:
+    """``scaling_grid.md`` (+ ``.json``) and ``scaling_grid.png``: accuracy per (m, n) and group, oracle lines."""
+    out.mkdir(parents=True, exist_ok=True)
+    groups = sorted({r.group for r in rows}, key=list(GROUPS).index)
+    lines = ["## Test-time user-based scaling", "",
+             "m = chains sampled per pair (scores averaged over valid parses), n = neighbours' histories through "
+             "the user prototypes, fused 0.5 / 0.5; (0, 0) = one greedy chain. Accuracy % [95% bootstrap CI]; "
+             "ties and pairs without any valid chain count as wrong.", "",
+             "| (m, n) | " + " | ".join(f"{g} users" for g in groups) + " |", "|---|" + "---|" * len(groups)]
+    for m, n in dict.fromkeys((r.m, r.n) for r in rows):
+        cells = []
+        for g in groups:
+            r = next(x for x in rows if x.group == g and (x.m, x.n) == (m, n))
+            cells.append(f"{_pct(r.accuracy)} [{_pct(r.ci_low)}, {_pct(r.ci_high)}]"
+                         + (f" ({r.no_verdict} no verdict)" if r.no_verdict else ""))
+        lines.append(f"| ({m}, {n}) | " + " | ".join(cells) + " |")
+    for name in ("oracle", "logistic_regression", "no_history"):
+        cells = [_pct(references.get(g, {}).get(name, {}).get("accuracy", float("nan"))) for g in groups]
+        lines.append(f"| world {name} | " + " | ".join(cells) + " |")
+    lines += ["", "Invalid chains by kind (greedy, sampled and neighbour chains): "
+              + "; ".join(f"{g}: {json.dumps(failures.get(g, {}))}" for g in groups)]
+    lines += [f"- {k}: {v}" for k, v in extra.items()]
+    md = out / "scaling_grid.md"
+    md.write_text("\n".join(lines) + "\n")
+    (out / "scaling_grid.json").write_text(json.dumps({"rows": [r.as_dict() for r in rows],
+                                                        "references": references, "failures": failures,
+                                                        **extra}, indent=1))
+    png = out / "scaling_grid.png"
+    _plot(png, rows, groups, references)
+    return md, png
+
+
+def _plot(path: Path, rows: Sequence[GridRow], groups: list[str], references: dict[str, dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = list(dict.fromkeys((r.m, r.n) for r in rows))
+    fig, ax = plt.subplots(figsize=(1.2 * len(points) + 3, 4))
+    width = 0.8 / max(len(groups), 1)
+    for gi, g in enumerate(groups):
+        rs = [next(x for x in rows if x.group == g and (x.m, x.n) == p) for p in points]
+        xs = np.arange(len(points)) + (gi - (len(groups) - 1) / 2) * width
+        acc = np.array([100 * r.accuracy for r in rs])
+        err = np.array([[100 * (r.accuracy - r.ci_low) for r in rs], [100 * (r.ci_high - r.accuracy) for r in rs]])
+        bars = ax.bar(xs, acc, width, yerr=err, capsize=3, label=f"{g} users")
+        oracle = references.get(g, {}).get("oracle", {}).get("accuracy")
+        if oracle is not None:
+            ax.axhline(100 * oracle, ls="--", lw=1, color=bars.patches[0].get_facecolor(),
+                       label=f"{g}: world oracle")
+    ax.set_xticks(np.arange(len(points)), [f"({m}, {n})" for m, n in points])
+    ax.set_xlabel("(m chains, n neighbours)")
+    ax.set_ylabel("pairwise accuracy %")
+    ax.set_ylim(40, 100)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title("Test-time user-based scaling")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

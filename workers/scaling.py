@@ -1,0 +1,133 @@
+"""`pr-rlhf scaling`: the test-time scaling grid of a trained GenRM as a Ray task (PROTOCOLS.md section 4).
+
+The task loads the GenRM and the embedder once, builds (or loads) the user prototypes from the seen users'
+persona texts, gathers each evaluated pair's evidence once for the largest (m, n) of the grid, and reads every grid
+point from it. Writes ``<out>/prototypes/`` (artifacts), ``<out>/scaling_grid.{md,json,png}`` and one mlflow run.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pr_rlhf.config import Recipe
+from pr_rlhf.scaling.config import ScalingEvalConfig
+
+
+def build_prototypes(cfg: ScalingEvalConfig, engine: Any, embedder: Any, seed: int, out: Path,
+                     log: Any = print) -> tuple[Any, dict[str, list[dict]], dict[str, Any]]:
+    """(index, member histories, info): the persona of each seen user (the GenRM's greedy chain on one of their
+    train pairs), K-means into k prototypes refined on the users' history triples; loaded instead when the
+    artifacts exist for this embedder."""
+    from pr_rlhf.scaling.grid import member_histories
+    from pr_rlhf.scaling.prototypes import PrototypeIndex, RefineConfig, UserHistory, build_index, \
+        embed_personas, explained_variance
+    from pr_rlhf.scaling.scorer import ScaledJudge
+
+    pcfg = cfg.scaling.prototypes
+    histories, persona_inputs = member_histories(cfg.shards, cfg.seen_history_pairs)
+    path = Path(pcfg.path) if pcfg.path else out / "prototypes"
+    name = getattr(embedder, "name", pcfg.embedder)
+    if (path / "prototypes.json").is_file():
+        log(f"prototypes: loading {path}")
+        return PrototypeIndex.load(path, expected_embedder=name), histories, {"prototypes": str(path)}
+    judge = ScaledJudge(engine, cfg.scaling.model_copy(update={"m": 0, "n": 0}), seed=seed)
+    evidence = judge.evidence(persona_inputs)
+    users = [ev.user_id for ev in evidence if ev.greedy.personas]
+    texts = [ev.greedy.personas[0] for ev in evidence if ev.greedy.personas]
+    log(f"prototypes: {len(users)} of {len(evidence)} member users have a parsed persona")
+    vectors = embed_personas(texts, embedder)
+    variance = explained_variance(vectors, pcfg.candidate_ks, seed=seed)
+    refine = None
+    user_histories = None
+    if pcfg.refine_steps > 0:
+        refine = RefineConfig(steps=pcfg.refine_steps, lr=pcfg.refine_lr, centroid_coef=pcfg.centroid_coef,
+                              smooth_coef=pcfg.smooth_coef, seed=seed)
+        user_histories = [_user_history(u, histories[u], embedder, UserHistory) for u in users]
+    index = build_index(users, texts, embedder, pcfg.k, seed, histories=user_histories, refine_cfg=refine)
+    index.save(path)
+    info = {"prototypes": str(path), "member_users": len(users), "k": pcfg.k,
+            "explained_variance": {str(k): round(v, 4) for k, v in variance.items()}}
+    log(f"prototypes: k={pcfg.k}, explained variance by k {info['explained_variance']} -> {path}")
+    return index, histories, info
+
+
+def _user_history(user: str, triples: list[dict], embedder: Any, cls: Any) -> Any:
+    from pr_rlhf.scaling.prototypes import embed_personas
+
+    def emb(key: str) -> np.ndarray:
+        return embed_personas([t[key] for t in triples], embedder)
+
+    return cls(user, emb("question"), emb("chosen"), emb("rejected"))
+
+
+def run_grid(cfg_json: str, seed: int, threads: int) -> dict[str, Any]:
+    """The whole grid in this process (a Ray task): both user groups, one engine, one embedder."""
+    import torch
+    from tqdm import tqdm
+
+    from pr_rlhf.config_base import EngineConfig
+    from pr_rlhf.models import make_engine
+    from pr_rlhf.models.embedders import make_embedder
+    from pr_rlhf.scaling.grid import GROUPS, grid_rows, group_inputs
+    from pr_rlhf.scaling.scorer import ScaledJudge, failure_counts
+
+    torch.set_num_threads(threads)
+    cfg = ScalingEvalConfig.model_validate_json(cfg_json)
+    out = Path(cfg.out)
+    engine = make_engine(EngineConfig(backend="hf", model=cfg.model, seed=seed))
+    embedder = make_embedder(cfg.scaling.prototypes.embedder, cache=False)
+    big_m, big_n = cfg.largest
+    t0 = time.perf_counter()
+    index, histories, info = build_prototypes(cfg, engine, embedder, seed, out, log=tqdm.write) if big_n > 0 \
+        else (None, {}, {})
+    info["prototype_seconds"] = round(time.perf_counter() - t0, 1)
+    judge = ScaledJudge(engine, cfg.scaling.model_copy(update={"m": big_m, "n": big_n}), seed=seed,
+                        index=index, embedder=embedder, histories=histories)
+    rows, failures, seconds = [], {}, {}
+    for group in GROUPS:
+        inputs = group_inputs(cfg, group, seed)
+        t0 = time.perf_counter()
+        evidence = []
+        for start in tqdm(range(0, len(inputs), 16), desc=f"scaling {group}", unit="x16 pairs"):
+            evidence += judge.evidence(inputs[start:start + 16])
+        seconds[group] = round(time.perf_counter() - t0, 1)
+        failures[group] = failure_counts(evidence)
+        rows += grid_rows(group, evidence, cfg.points, cfg.scaling.self_weight, cfg.scaling.neighbour_weight,
+                          cfg.n_bootstrap, seed)
+    engine.close()
+    return {"rows": [r.as_dict() for r in rows], "failures": failures, "seconds": seconds, **info}
+
+
+def run_scaling(recipe: Recipe) -> dict[str, Any]:
+    """Runs the grid as a Ray task (Ray initialized by the caller), writes the report, logs to mlflow."""
+    import ray
+
+    from pr_rlhf.pgenrm.report import world_references
+    from pr_rlhf.scaling.grid import GridRow, write_grid_report
+    from pr_rlhf.tracking import make_tracker
+    from pr_rlhf.world.generator import build_world
+    from pr_rlhf.world.reference import reference_accuracies
+
+    cfg = recipe.scaling
+    if cfg is None:
+        raise ValueError("the recipe has no scaling: section")
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    task = ray.remote(num_cpus=1)(run_grid)
+    result = ray.get(task.remote(cfg.model_dump_json(), recipe.seed, cfg.torch_threads))
+    world = build_world(cfg.world)
+    refs = {"seen": world_references(world, cfg.seen_history_pairs)["seen"],
+            "cold": {k: v.as_dict() for k, v in reference_accuracies(
+                world, cfg.cold_history_pairs, users="cold_start", splits=("test",)).items()}}
+    rows = [GridRow(**r) for r in result["rows"]]
+    extra = {k: v for k, v in result.items() if k not in ("rows", "failures")}
+    md, png = write_grid_report(out, rows, refs, result["failures"], extra)
+    tracker = make_tracker(recipe.tracking, out, f"{recipe.name}/scaling", tags={"stage": "scaling"})
+    with tracker:
+        tracker.log_params({"model": cfg.model, "points": json.dumps(cfg.points)})
+        tracker.log_metrics({f"scaling/{r.group}/m{r.m}_n{r.n}": r.accuracy for r in rows})
+    return {"markdown": str(md), "figure": str(png), "rows": rows, "references": refs, **extra}
