@@ -133,3 +133,38 @@ def test_scaling_eval_config_validation():
         ScalingEvalConfig(points=[])
     with pytest.raises(ValueError, match="weight"):
         ScalingConfig(m=1, n=1, self_weight=0, neighbour_weight=0)
+
+
+def test_reward_worker_scorer_scales_the_genrm_reward():
+    """A reward worker's GenRM scorer with a scaling config: the response's reward is its mean response_1 score
+    over the m chains (one n=m request), and with neighbours the fused score; failures become errors, not 0."""
+    from pr_rlhf.reward.config import RewardConfig
+    from workers.reward import GenRMScorer, RewardRequest
+
+    class Scripted(FakeEngine):
+        def generate(self, prompts, params):
+            self.calls.append((len(prompts), params))
+            if params.greedy:
+                return [gen(chain(2, 8)) for _ in prompts]
+            return [gen(chain(9, 1), "broken", chain(6, 4)) for _ in prompts]
+
+    engine = Scripted()
+    cfg = RewardConfig(kind="genrm", sec_format="sec_compact", scaling=ScalingConfig(m=3))
+    scorer = GenRMScorer(cfg, engine=engine)
+    reqs = [RewardRequest(f"r{i}", "u1", "q", "an answer", meta={"reference": "a reference",
+                                                                   "history": [triple("plain")]}) for i in range(2)]
+    assert scorer.score(reqs) == [(7.5, None), (7.5, None)]          # (9 + 6) / 2: the broken chain left out
+    assert [p.n for _, p in engine.calls if not p.greedy] == [3]
+    missing = RewardRequest("r9", "u1", "q", "an answer", meta={})
+    assert scorer.score([missing])[0][1].startswith("missing_reference")
+
+    # neighbours: the prototypes' judge (a fake index here) fuses 0.5 / 0.5 with the neighbours' chains
+    scaled = cfg.model_copy(update={"scaling": ScalingConfig(m=2, n=2)})   # artifacts injected below
+    scorer = GenRMScorer(scaled, engine=FakeEngine())
+    scorer._scaler = ScaledJudge(scorer.engine, scorer.cfg.scaling, index=FakeIndex(), embedder=FakeEmbedder(),
+                                 histories={"u2": [triple("likes-one")], "u3": [triple("likes-one")]})
+    assert scorer.score(reqs[:1]) == [(5.0, None)]                   # own 1 (history says nothing), neighbours 9
+    with pytest.raises(ValueError, match="prototypes.path"):
+        RewardConfig(kind="genrm", scaling=ScalingConfig(m=2, n=2))
+    with pytest.raises(ValueError, match="sec_reference"):
+        RewardConfig(kind="genrm", genrm_mode="pointwise", scaling=ScalingConfig(m=2))

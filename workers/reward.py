@@ -185,6 +185,7 @@ class GenRMScorer(_ModelScorer):
         else:
             super().__init__(cfg, judge_engine=engine)
         self.engine = engine
+        self._scaler: Any = None   # built on first use (loads prototypes and an embedder when n > 0)
 
     def score(self, requests: Sequence[RewardRequest]) -> list[Score]:
         inputs = self.inputs(requests)
@@ -197,7 +198,7 @@ class GenRMScorer(_ModelScorer):
         return self._sec_reference(inputs)
 
     def _sec_reference(self, inputs: list[RMInput]) -> list[Score]:
-        from pr_rlhf.reward.sec import parse_sec, sec_prompt
+        from pr_rlhf.reward.sec import parse_sec, sec_compact_prompt, sec_prompt
 
         out: list[Score | None] = [None] * len(inputs)
         todo = []
@@ -206,7 +207,13 @@ class GenRMScorer(_ModelScorer):
                 todo.append(i)
             else:
                 out[i] = (None, "missing_reference: sec_reference needs meta['reference']")
-        prompts = [sec_prompt(inputs[i], inputs[i].chosen, inputs[i].rejected, mode=self.cfg.input_mode,
+        if self.cfg.scaling is not None and self.cfg.scaling.enabled:
+            for i, score in zip(todo, self._scaled([inputs[i] for i in todo])):
+                out[i] = score
+            return out  # type: ignore[return-value]
+        prompts = [sec_compact_prompt(inputs[i], inputs[i].chosen, inputs[i].rejected)
+                   if self.cfg.sec_format == "sec_compact" else
+                   sec_prompt(inputs[i], inputs[i].chosen, inputs[i].rejected, mode=self.cfg.input_mode,
                               top_k=self.cfg.top_k_profile, use_stated=self.cfg.use_stated_preferences)
                    for i in todo]
         generations = self.engine.generate(prompts, self.params) if prompts else []
@@ -221,6 +228,43 @@ class GenRMScorer(_ModelScorer):
                 parsed = parse_sec(gen.samples[0].text)
                 out[i] = (parsed.value.final["response_1"], None) if parsed.ok else (None, parsed.error)
         return out  # type: ignore[return-value]
+
+    def _scaled(self, inputs: list[RMInput]) -> list[Score]:
+        """The response's (slot response_1) fused score over m chains and n neighbours (scaling.scorer)."""
+        from pr_rlhf.scaling.scorer import decide
+
+        if self._scaler is None:
+            self._scaler = build_scaled_judge(self.cfg, self.engine)
+        evidence = self._scaler.evidence(inputs, slots=["A"] * len(inputs))
+        scaling = self.cfg.scaling
+        out: list[Score] = []
+        for ev in evidence:
+            d = decide(ev, scaling.m, scaling.n, scaling.self_weight, scaling.neighbour_weight)
+            out.append((d.scores[0], None) if d.scores is not None else
+                       (None, "no_valid_chain: " + ", ".join(f"{k} x{v}" for k, v in
+                                                            (ev.greedy.failures + ev.samples.failures).items())))
+        return out
+
+
+def build_scaled_judge(cfg: RewardConfig, engine: Any) -> Any:
+    """A ScaledJudge for a reward worker: prototypes loaded from their artifacts (for the configured embedder),
+    the member users' histories from ``scaling_members``."""
+    from pr_rlhf.scaling.scorer import ScaledJudge
+
+    scaling = cfg.scaling
+    index = embedder = None
+    histories: dict = {}
+    if scaling.n > 0:
+        from pr_rlhf.models.embedders import make_embedder
+        from pr_rlhf.scaling.grid import member_histories
+        from pr_rlhf.scaling.prototypes import PrototypeIndex, embedder_name
+
+        embedder = make_embedder(scaling.prototypes.embedder, cache=False)
+        index = PrototypeIndex.load(scaling.prototypes.path, expected_embedder=embedder_name(embedder))
+        histories, _ = member_histories(cfg.scaling_members, scaling.neighbour_history_pairs)
+    return ScaledJudge(engine, scaling, seed=cfg.seed, fmt=cfg.sec_format, index=index, embedder=embedder,
+                       histories=histories, mode=cfg.input_mode, top_k=cfg.top_k_profile,
+                       use_stated=cfg.use_stated_preferences)
 
 
 def build_scorer(cfg: RewardConfig) -> Scorer:

@@ -24,6 +24,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from pr_rlhf.config_base import EngineConfig, GenerationConfig, ScalarRMConfig, StrictModel
+from pr_rlhf.scaling.config import ScalingConfig
 from pr_rlhf.world.config import WorldConfig
 
 RewardKind = Literal["gold", "scalar", "genrm", "http"]
@@ -67,6 +68,13 @@ class RewardConfig(StrictModel):
     planner: EngineConfig | None = Field(None, description="planner engine (input_mode='plan'); an engine equal "
                                                            "to judge is shared")
     planner_max_aspects: int = Field(8, ge=1)
+    # test-time scaling of the GenRM (genrm / http, sec_reference)
+    scaling: ScalingConfig | None = Field(None, description="genrm: m chains per request averaged, n neighbours' "
+                                                            "histories fused (needs scaling.prototypes.path and "
+                                                            "scaling_members)")
+    scaling_members: str | None = Field(None, description="shards holding the prototype member users' histories")
+    sec_format: Literal["sec", "sec_compact"] = Field("sec", description="genrm sec_reference: the full P-GenRM "
+                                                      "prompt, or the compact history-only one of a tiny GenRM")
     pool: RewardPoolConfig = Field(default_factory=RewardPoolConfig)
 
     @model_validator(mode="after")
@@ -78,4 +86,11 @@ class RewardConfig(StrictModel):
                 raise ValueError("input_mode 'plan' needs a planner engine (reward.planner)")
             if self.planner is not None and self.input_mode != "plan":
                 raise ValueError("a planner is set but input_mode is not 'plan': its aspects would not be shown")
+        if self.scaling is not None and self.scaling.enabled:
+            if self.kind not in ("genrm", "http") or self.genrm_mode != "sec_reference":
+                raise ValueError("scaling applies to the GenRM's evaluation chains: kind genrm/http with "
+                                 "genrm_mode 'sec_reference'")
+            if self.scaling.n > 0 and not (self.scaling.prototypes.path and self.scaling_members):
+                raise ValueError("scaling.n > 0 needs scaling.prototypes.path (artifacts built by `pr-rlhf "
+                                 "scaling`) and scaling_members (the shards of the member users)")
         return self

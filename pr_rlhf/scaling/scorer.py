@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from pr_rlhf.models.base import Engine, Generation, SamplingParams
-from pr_rlhf.reward.inputs import RMInput
+from pr_rlhf.reward.inputs import InputMode, RMInput
 from pr_rlhf.reward.judge import JudgeFormat, PairwiseJudge, Slot, chosen_slot
 from pr_rlhf.scaling.config import ScalingConfig
 from pr_rlhf.scaling.fusion import ChainScores, Scores, chain_scores, fuse, mean_of, verdict
@@ -67,13 +67,16 @@ class ScaledJudge:
     and ``embedder`` are needed only for n > 0; ``histories`` maps a member user id to its history triples."""
 
     def __init__(self, engine: Engine, cfg: ScalingConfig, *, seed: int = 0, fmt: JudgeFormat = "sec_compact",
-                 index: Any = None, embedder: Any = None, histories: Mapping[str, list[dict]] | None = None):
+                 index: Any = None, embedder: Any = None, histories: Mapping[str, list[dict]] | None = None,
+                 mode: InputMode = "none", top_k: int = 10, use_stated: bool = True):
         self.engine, self.cfg, self.seed = engine, cfg, int(seed)
         self.index, self.embedder, self.histories = index, embedder, histories or {}
-        self._prompter = PairwiseJudge(engine, params=SamplingParams(), seed=seed, fmt=fmt)
+        self.mode, self.top_k = mode, top_k
+        self._prompter = PairwiseJudge(engine, params=SamplingParams(), seed=seed, fmt=fmt,
+                                       use_stated_preferences=use_stated)
 
     def _prompts(self, inputs: Sequence[RMInput], slots: Sequence[Slot]) -> list:
-        return [self._prompter.prompt(inp, slot, "none", 10) for inp, slot in zip(inputs, slots)]
+        return [self._prompter.prompt(inp, slot, self.mode, self.top_k) for inp, slot in zip(inputs, slots)]
 
     def _generate(self, prompts: list, params: SamplingParams) -> list[Generation]:
         gens = self.engine.generate(prompts, params) if prompts else []
