@@ -106,6 +106,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-copies", action="store_true", help="skip the share_prefix=False diagnostic")
     parser.add_argument("--quick", action="store_true", help="max_tokens 64, 1 timed round")
+    parser.add_argument("--grid-pairs", type=int, default=8, help="pairs timed at each grid point (0: skip); "
+                        "n > 0 points need the prototypes `pr-rlhf scaling recipes/scaling_grid.yaml` saves")
+    parser.add_argument("--prototypes", default=str(ROOT / "runs" / "scaling" / "prototypes"))
     args = parser.parse_args()
     args.max_tokens = args.max_tokens or (64 if args.quick else 320)
     args.repeats = args.repeats or (1 if args.quick else 3)
@@ -182,8 +185,47 @@ def main() -> None:
               f"copies/shared per-token cost {stats['copies'][1] / stats['shared'][1]:.2f}x")
     (sh_s, sh_k), (se_s, se_k) = stats["shared"], stats["separate"]
     print(f"separate/shared: per-token cost {se_k / sh_k:.2f}x, wall time {se_s / sh_s:.2f}x")
+    if args.grid_pairs > 0:
+        time_grid_points(engine, args)
     print(bench_line(args.m, sh_s, se_s, sh_k, se_k))
     engine.close()
+
+
+def time_grid_points(engine, args) -> None:
+    """Wall time of gathering each grid point's evidence for the same pairs (each point on its own, as a
+    deployment that serves that point would), relative to (0, 0): one greedy chain per pair."""
+    from pr_rlhf.config import load_recipe
+    from pr_rlhf.models.embedders import make_embedder
+    from pr_rlhf.scaling.config import DEFAULT_GRID
+    from pr_rlhf.scaling.grid import group_inputs, member_histories
+    from pr_rlhf.scaling.prototypes import PrototypeIndex, embedder_name
+    from pr_rlhf.scaling.scorer import ScaledJudge
+
+    cfg = load_recipe(ROOT / "recipes" / "scaling_grid.yaml").scaling
+    cfg = cfg.model_copy(update={"seen_pairs": args.grid_pairs})
+    inputs = group_inputs(cfg, "seen", 0)
+    index = embedder = None
+    histories: dict = {}
+    points = list(DEFAULT_GRID)
+    if Path(args.prototypes, "prototypes.json").is_file():
+        embedder = make_embedder(cfg.scaling.prototypes.embedder, cache=False)
+        index = PrototypeIndex.load(args.prototypes, expected_embedder=embedder_name(embedder))
+        histories, _ = member_histories(cfg.shards, cfg.seen_history_pairs)
+    else:
+        points = [p for p in points if p[1] == 0]
+        print(f"no prototypes at {args.prototypes}: timing the n = 0 points only")
+    seconds = {}
+    for m, n in points:
+        judge = ScaledJudge(engine, cfg.scaling.model_copy(update={"m": m, "n": n,
+                                                                  "max_tokens": args.max_tokens}),
+                            index=index, embedder=embedder, histories=histories)
+        start = time.perf_counter()
+        judge.evidence(inputs)
+        seconds[(m, n)] = time.perf_counter() - start
+    base = seconds[(0, 0)]
+    print(f"grid points ({len(inputs)} seen-user pairs, max_tokens {args.max_tokens}), wall time relative to (0, 0):")
+    for (m, n), sec in seconds.items():
+        print(f"  ({m:>2}, {n:>2}): {sec:7.2f} s  {sec / base:5.1f}x")
 
 
 if __name__ == "__main__":

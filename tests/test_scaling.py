@@ -117,6 +117,10 @@ def test_judge_one_request_per_input_neighbours_with_their_histories():
     out = judge.evidence(inputs)
     sampled = [params for count, params in engine.calls if params.n == 5]
     assert len(sampled) == 1 and not sampled[0].greedy               # all m chains of all inputs: one request
+    assert sum(p.greedy for _, p in engine.calls) == 1               # the neighbours' chains; no greedy own chain
+    with pytest.raises(ValueError, match="greedy"):
+        decide(out[0], 0, 0)                                         # (0, 0) needs the greedy chain
+    assert decide(judge.evidence(inputs[:1], greedy=True)[0], 0, 0).predicted == "B"
     assert [ex for _, ex in index.asked] == ["u1"] * 3               # the user is never its own neighbour
     assert all([u for u, _ in ev.neighbours] == ["u2", "u3"] for ev in out)
     for ev in out:   # own history says nothing -> response 2; the neighbours' histories -> response 1

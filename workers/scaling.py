@@ -93,7 +93,7 @@ def run_grid(cfg_json: str, seed: int, threads: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         evidence = []
         for start in tqdm(range(0, len(inputs), 16), desc=f"scaling {group}", unit="x16 pairs"):
-            evidence += judge.evidence(inputs[start:start + 16])
+            evidence += judge.evidence(inputs[start:start + 16], greedy=True)
         seconds[group] = round(time.perf_counter() - t0, 1)
         failures[group] = failure_counts(evidence)
         rows += grid_rows(group, evidence, cfg.points, cfg.scaling.self_weight, cfg.scaling.neighbour_weight,

@@ -36,6 +36,7 @@ class Evidence:
     neighbour_failures: Counter = field(default_factory=Counter)
     persona: str | None = None        # the persona text that located the user (None: no chain parsed)
     asked: tuple[int, int] = (0, 0)   # the (m, n) it was gathered for: any smaller point can be read from it
+    has_greedy: bool = True           # the greedy chain was generated (always when m = 0)
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,9 @@ class Decision:
 def decide(ev: Evidence, m: int, n: int, self_weight: float = 0.5, neighbour_weight: float = 0.5) -> Decision:
     """The verdict of grid point (m, n) from the evidence: (0, 0) the greedy chain; m > 0 the mean of the first
     m samples' valid chains; n > 0 the mean over the n best neighbours' valid chains, fused with the own mean."""
-    if m > ev.asked[0] or n > ev.asked[1]:
-        raise ValueError(f"evidence for {ev.pair_id} was gathered for (m, n) = {ev.asked}; asked for ({m}, {n})")
+    if m > ev.asked[0] or n > ev.asked[1] or (m == 0 and n == 0 and not ev.has_greedy):
+        raise ValueError(f"evidence for {ev.pair_id} was gathered for (m, n) = {ev.asked} (greedy chain: "
+                         f"{ev.has_greedy}); asked for ({m}, {n})")
     own = ev.greedy.mean() if (m == 0 and n == 0) else (ev.samples.mean(m) if m > 0 else None)
     others = mean_of([s for s in ev.neighbour_scores[:n] if s is not None]) if n > 0 else None
     fused = fuse(own, others, self_weight, neighbour_weight)
@@ -85,17 +87,22 @@ class ScaledJudge:
         return gens
 
     def evidence(self, inputs: Sequence[RMInput], m: int | None = None, n: int | None = None,
-                 slots: Sequence[Slot] | None = None) -> list[Evidence]:
-        """Evidence for every input at (m, n) (default: the config's), chosen answers in seeded slots."""
+                 slots: Sequence[Slot] | None = None, greedy: bool | None = None) -> list[Evidence]:
+        """Evidence for every input at (m, n) (default: the config's), chosen answers in seeded slots. The greedy
+        chain is generated when m = 0 or ``greedy`` asks for it (a grid reads (0, 0) too); otherwise the persona
+        that locates the user comes from the first valid sampled chain."""
         m = self.cfg.m if m is None else m
         n = self.cfg.n if n is None else n
+        greedy = m == 0 if greedy is None else (greedy or m == 0)
         if n > 0 and (self.index is None or self.embedder is None):
             raise ValueError("n > 0 needs user prototypes: pass index= and embedder= (see scaling.prototypes)")
         slots = list(slots) if slots is not None else [chosen_slot(self.seed, inp.pair_id) for inp in inputs]
         prompts = self._prompts(inputs, slots)
-        greedy = self._generate(prompts, SamplingParams(temperature=0.0, max_tokens=self.cfg.max_tokens))
-        out = [Evidence(inp.pair_id, inp.user_id, slot, chain_scores(g), asked=(m, n))
-               for inp, slot, g in zip(inputs, slots, greedy)]
+        firsts = self._generate(prompts, SamplingParams(temperature=0.0, max_tokens=self.cfg.max_tokens)) \
+            if greedy else [None] * len(prompts)
+        out = [Evidence(inp.pair_id, inp.user_id, slot, chain_scores(g) if g is not None else ChainScores(),
+                        asked=(m, n), has_greedy=greedy)
+               for inp, slot, g in zip(inputs, slots, firsts)]
         if m > 0:
             sampled = self._generate(prompts, SamplingParams(n=m, temperature=self.cfg.temperature,
                                                              max_tokens=self.cfg.max_tokens, seed=self.seed))
