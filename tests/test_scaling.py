@@ -120,12 +120,12 @@ def test_judge_one_request_per_input_neighbours_with_their_histories():
     assert sum(p.greedy for _, p in engine.calls) == 1               # the neighbours' chains; no greedy own chain
     with pytest.raises(ValueError, match="greedy"):
         decide(out[0], 0, 0)                                         # (0, 0) needs the greedy chain
-    assert decide(judge.evidence(inputs[:1], greedy=True)[0], 0, 0).predicted == "B"
     assert [ex for _, ex in index.asked] == ["u1"] * 3               # the user is never its own neighbour
     assert all([u for u, _ in ev.neighbours] == ["u2", "u3"] for ev in out)
     for ev in out:   # own history says nothing -> response 2; the neighbours' histories -> response 1
         assert ev.samples.mean() == (1.0, 9.0) and ev.neighbour_scores == [(9.0, 1.0), (9.0, 1.0)]
         assert decide(ev, 5, 2).scores == (5.0, 5.0) and decide(ev, 0, 2).scores == (9.0, 1.0)
+    assert decide(judge.evidence(inputs[:1], greedy=True)[0], 0, 0).predicted == "B"
     with pytest.raises(ValueError, match="prototypes"):
         ScaledJudge(engine, ScalingConfig(n=2)).evidence(inputs)
 
