@@ -138,7 +138,7 @@ def test_stage_order_error_names_the_missing_parent(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3300)   # the first run (<= 2400 s) and the resumed one (<= 600 s)
+@pytest.mark.timeout(4200)   # the first run (<= 2400 s), the resumed one (<= 600 s), the scaling grid (<= 900 s)
 def test_smoke_pipeline_runs_every_stage_learns_above_chance_and_resumes(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
@@ -178,3 +178,28 @@ def test_smoke_pipeline_runs_every_stage_learns_above_chance_and_resumes(tmp_pat
     text = " ".join(again.stdout.split())   # the console wraps long lines (the run paths) at 80 columns
     assert again.returncode == 0 and text.count("not run again") == 4, text[-2000:]
     assert {s: (out / s / "result.json").stat().st_mtime_ns for s in stages} == written
+
+    # test-time scaling of the trained GenRM, on Ray, from a recipe: a small grid (8 + 8 pairs, 2 chains, 2
+    # neighbours); the prototypes it saves load back for the same embedder
+    import yaml
+
+    from pr_rlhf.config import load_recipe
+    from pr_rlhf.scaling.prototypes import PrototypeIndex
+
+    world = load_recipe(ROOT / "recipes" / "pgenrm_smoke.yaml").pgenrm.world.model_dump(mode="json")
+    scaling_recipe = tmp_path / "scaling.yaml"
+    scaling_recipe.write_text(yaml.safe_dump({"name": "scaling_smoke", "scaling": {
+        "model": str(out / "curriculum" / "model"), "shards": str(tmp_path / "data"), "world": world,
+        "points": [[0, 0], [2, 0], [2, 2], [0, 2]], "seen_pairs": 8, "cold_pairs": 8, "out": str(tmp_path / "sc"),
+        "scaling": {"prototypes": {"k": 4, "refine_steps": 10, "candidate_ks": [2, 4]}}}}))
+    grid = subprocess.run([sys.executable, "-m", "pr_rlhf.cli", "scaling", str(scaling_recipe)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert grid.returncode == 0, grid.stdout[-3000:] + grid.stderr[-3000:]
+    report = json.loads((tmp_path / "sc" / "scaling_grid.json").read_text())
+    assert {(r["group"], r["m"], r["n"]) for r in report["rows"]} == {
+        (g, m, n) for g in ("seen", "cold") for m, n in ((0, 0), (2, 0), (2, 2), (0, 2))}
+    plain = next(r for r in report["rows"] if r["group"] == "seen" and (r["m"], r["n"]) == (0, 0))
+    assert plain["pairs"] == 8 and plain["no_verdict"] <= 1 and report["member_users"] >= 4
+    assert set(report["explained_variance"]) == {"2", "4"} and (tmp_path / "sc" / "scaling_grid.png").is_file()
+    index = PrototypeIndex.load(tmp_path / "sc" / "prototypes", expected_embedder=report["embedder"])
+    assert index.k == 4 and index.refined and len(index.user_ids) == report["member_users"]

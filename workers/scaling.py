@@ -23,22 +23,34 @@ def build_prototypes(cfg: ScalingEvalConfig, engine: Any, embedder: Any, seed: i
     train pairs), K-means into k prototypes refined on the users' history triples; loaded instead when the
     artifacts exist for this embedder."""
     from pr_rlhf.scaling.grid import member_histories
-    from pr_rlhf.scaling.prototypes import PrototypeIndex, RefineConfig, UserHistory, build_index, \
-        embed_personas, explained_variance
+    from pr_rlhf.scaling.prototypes import (
+        PrototypeIndex,
+        RefineConfig,
+        UserHistory,
+        build_index,
+        embed_personas,
+        embedder_name,
+        explained_variance,
+    )
     from pr_rlhf.scaling.scorer import ScaledJudge
 
     pcfg = cfg.scaling.prototypes
     histories, persona_inputs = member_histories(cfg.shards, cfg.seen_history_pairs)
     path = Path(pcfg.path) if pcfg.path else out / "prototypes"
-    name = getattr(embedder, "name", pcfg.embedder)
+    name = embedder_name(embedder)
     if (path / "prototypes.json").is_file():
         log(f"prototypes: loading {path}")
-        return PrototypeIndex.load(path, expected_embedder=name), histories, {"prototypes": str(path)}
+        index = PrototypeIndex.load(path, expected_embedder=name)
+        return index, histories, {"prototypes": str(path), "embedder": index.embedder,
+                                  "member_users": len(index.user_ids), "k": index.k, "loaded": True}
     judge = ScaledJudge(engine, cfg.scaling.model_copy(update={"m": 0, "n": 0}), seed=seed)
     evidence = judge.evidence(persona_inputs)
     users = [ev.user_id for ev in evidence if ev.greedy.personas]
     texts = [ev.greedy.personas[0] for ev in evidence if ev.greedy.personas]
     log(f"prototypes: {len(users)} of {len(evidence)} member users have a parsed persona")
+    if len(users) < pcfg.k:
+        raise ValueError(f"only {len(users)} of {len(evidence)} member users have a persona the GenRM's chain "
+                         f"parses, fewer than scaling.prototypes.k={pcfg.k}: is {cfg.model} a trained GenRM?")
     vectors = embed_personas(texts, embedder)
     variance = explained_variance(vectors, pcfg.candidate_ks, seed=seed)
     refine = None
@@ -49,7 +61,7 @@ def build_prototypes(cfg: ScalingEvalConfig, engine: Any, embedder: Any, seed: i
         user_histories = [_user_history(u, histories[u], embedder, UserHistory) for u in users]
     index = build_index(users, texts, embedder, pcfg.k, seed, histories=user_histories, refine_cfg=refine)
     index.save(path)
-    info = {"prototypes": str(path), "member_users": len(users), "k": pcfg.k,
+    info = {"prototypes": str(path), "embedder": index.embedder, "member_users": len(users), "k": pcfg.k,
             "explained_variance": {str(k): round(v, 4) for k, v in variance.items()}}
     log(f"prototypes: k={pcfg.k}, explained variance by k {info['explained_variance']} -> {path}")
     return index, histories, info

@@ -23,7 +23,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from pr_rlhf.config_base import EngineConfig, GenerationConfig, ScalarRMConfig, StrictModel
+from pr_rlhf.config_base import (
+    EngineConfig,
+    GenerationConfig,
+    ScalarRMConfig,
+    StrictModel,
+)
 from pr_rlhf.scaling.config import ScalingConfig
 from pr_rlhf.world.config import WorldConfig
 

@@ -79,7 +79,7 @@ def grid_rows(group: str, evidence: Sequence[Evidence], points: Sequence[tuple[i
 
 
 def _pct(x: float) -> str:
-    return "-" if x != x else f"{100 * x:.1f}"
+    return "-" if np.isnan(x) else f"{100 * x:.1f}"
 
 
 def write_grid_report(out: Path, rows: Sequence[GridRow], references: dict[str, dict], failures: dict[str, dict],
@@ -88,9 +88,9 @@ def write_grid_report(out: Path, rows: Sequence[GridRow], references: dict[str, 
     out.mkdir(parents=True, exist_ok=True)
     groups = sorted({r.group for r in rows}, key=list(GROUPS).index)
     lines = ["## Test-time user-based scaling", "",
-             "m = chains sampled per pair (scores averaged over valid parses), n = neighbours' histories through "
-             "the user prototypes, fused 0.5 / 0.5; (0, 0) = one greedy chain. Accuracy % [95% bootstrap CI]; "
-             "ties and pairs without any valid chain count as wrong.", "",
+             ("m = chains sampled per pair (scores averaged over valid parses), n = neighbours' histories through "
+              "the user prototypes, fused 0.5 / 0.5; (0, 0) = one greedy chain. Accuracy % [95% bootstrap CI]; "
+              "ties and pairs without any valid chain count as wrong."), "",
              "| (m, n) | " + " | ".join(f"{g} users" for g in groups) + " |", "|---|" + "---|" * len(groups)]
     for m, n in dict.fromkeys((r.m, r.n) for r in rows):
         cells = []
@@ -102,8 +102,8 @@ def write_grid_report(out: Path, rows: Sequence[GridRow], references: dict[str, 
     for name in ("oracle", "logistic_regression", "no_history"):
         cells = [_pct(references.get(g, {}).get(name, {}).get("accuracy", float("nan"))) for g in groups]
         lines.append(f"| world {name} | " + " | ".join(cells) + " |")
-    lines += ["", "Invalid chains by kind (greedy, sampled and neighbour chains): "
-              + "; ".join(f"{g}: {json.dumps(failures.get(g, {}))}" for g in groups)]
+    kinds = "; ".join(f"{g}: {json.dumps(failures.get(g, {}))}" for g in groups)
+    lines += ["", f"Invalid chains by kind (greedy, sampled and neighbour chains): {kinds}"]
     lines += [f"- {k}: {v}" for k, v in extra.items()]
     md = out / "scaling_grid.md"
     md.write_text("\n".join(lines) + "\n")
