@@ -376,3 +376,20 @@ def test_refine_input_checks():
     assert refine(refiner, users, {u.user_id: p for u, p in zip(users, labels)}, RefineConfig(steps=0)) == []
     with pytest.raises(ValueError, match="dim 8, the refiner 4"):
         refine(PrototypeRefiner(4, 1, np.zeros((1, 4))), users, [0, 0, 0], RefineConfig(steps=1))
+
+
+def test_refined_index_places_every_member_in_its_own_cluster():
+    """Refinement moves prototypes (far, with no centroid regularizer): members are re-assigned to their nearest
+    refined prototype, so a member's own persona finds its own cluster, and its neighbours are its cluster mates."""
+    ids = [f"u{i:02d}" for i in range(24)]
+    texts = [f"topic{i % 3} words{i % 3} extra{i}" for i in range(24)]
+    rng = np.random.default_rng(2)
+    histories = [UserHistory(uid, rng.normal(size=(4, 64)), rng.normal(size=(4, 64)), rng.normal(size=(4, 64)))
+                 for uid in ids]
+    index = build_index(ids, texts, HashingEmbedder(), k=3, seed=0, histories=histories,
+                        refine_cfg=RefineConfig(steps=60, lr=0.1, centroid_coef=0.0, batch_size=8))
+    for i, uid in enumerate(ids):
+        assert index.nearest_prototype(index.embeddings[i]) == index.labels[i]
+        mates = {ids[j] for j in np.flatnonzero(index.labels == index.labels[i])} - {uid}
+        assert {u for u, _ in index.neighbours(index.embeddings[i], 30, exclude=uid)} == mates
+    assert 0.0 <= index.created["kmeans_label_kept"] <= 1.0

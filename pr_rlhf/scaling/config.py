@@ -20,7 +20,7 @@ class PrototypeConfig(StrictModel):
                                                 "Qwen3-Embedding)")
     refine_steps: int = Field(200, ge=0, description="refinement steps (0: the K-means centroids as they are)")
     refine_lr: float = Field(1e-2, gt=0)
-    centroid_coef: float = Field(0.1, ge=0, description="keeps a refined prototype near its K-means centroid")
+    centroid_coef: float = Field(1.0, ge=0, description="keeps a refined prototype near its K-means centroid")
     smooth_coef: float = Field(0.1, ge=0, description="temporal smoothness of a user's summary over its history")
 
 

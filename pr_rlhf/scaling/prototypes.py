@@ -557,6 +557,13 @@ class PrototypeIndex:
             raise ValueError(f"{manifest_path}: {err}") from err
 
 
+def nearest_rows(vectors: np.ndarray, prototypes: np.ndarray) -> np.ndarray:
+    """For each row, the prototype with the highest cosine (ties to the lowest id), as PrototypeIndex does."""
+    protos = prototypes / np.maximum(np.linalg.norm(prototypes, axis=1, keepdims=True), 1e-12)
+    rows = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    return np.argmax(rows @ protos.T, axis=1).astype(np.int64)
+
+
 def build_index(user_ids: Sequence[str], persona_texts: Sequence[str], embedder: Any, k: int, seed: int = 0,
                 histories: Sequence[UserHistory] | None = None, refine_cfg: RefineConfig | None = None, *,
                 fingerprint: str | None = None) -> PrototypeIndex:
@@ -577,6 +584,7 @@ def build_index(user_ids: Sequence[str], persona_texts: Sequence[str], embedder:
     clusters = kmeans(embeddings, k, seed=seed)
     dim = int(embeddings.shape[1])
     prototypes, state, cfg_dump = clusters.centroids.copy(), None, None
+    labels, kept = clusters.labels, 1.0
     if histories is not None and refine_cfg is not None:
         histories = list(histories)
         _check_unique([h.user_id for h in histories], "history user id")
@@ -590,12 +598,17 @@ def build_index(user_ids: Sequence[str], persona_texts: Sequence[str], embedder:
         prototypes = refiner.prototypes.detach().numpy().copy()
         state = {name: t.detach().clone() for name, t in refiner.state_dict().items()}
         cfg_dump = refine_cfg.model_dump()
+        # Online, a persona is placed by its nearest REFINED prototype; members are re-assigned the same way, so
+        # a member's own persona finds its own cluster (refinement moves the prototypes away from the centroids)
+        labels = nearest_rows(embeddings, prototypes)
+        kept = float(np.mean(labels == clusters.labels))
     if fingerprint is None and isinstance(getattr(embedder, "fingerprint", None), str):
         fingerprint = embedder.fingerprint
     created = {"utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seed": seed,
-               "users": len(user_ids), "inertia": clusters.inertia, "torch": torch.__version__}
+               "users": len(user_ids), "inertia": clusters.inertia, "torch": torch.__version__,
+               "kmeans_label_kept": kept}
     return PrototypeIndex(embedder=embedder_name(embedder), k=k, dim=dim, centroids=clusters.centroids,
-                          prototypes=prototypes, user_ids=user_ids, embeddings=embeddings, labels=clusters.labels,
+                          prototypes=prototypes, user_ids=user_ids, embeddings=embeddings, labels=labels,
                           fingerprint=fingerprint, refiner_state=state, refine_config=cfg_dump, created=created)
 
 
