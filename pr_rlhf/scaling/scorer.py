@@ -13,8 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
-
 from pr_rlhf.models.base import Engine, Generation, SamplingParams
 from pr_rlhf.reward.inputs import InputMode, RMInput
 from pr_rlhf.reward.judge import JudgeFormat, PairwiseJudge, Slot, chosen_slot
@@ -27,6 +25,7 @@ from pr_rlhf.scaling.fusion import (
     mean_of,
     verdict,
 )
+from pr_rlhf.scaling.prototypes import embed_personas
 
 
 @dataclass
@@ -125,7 +124,7 @@ class ScaledJudge:
             personas = ev.greedy.personas or ev.samples.personas
             ev.persona = personas[0] if personas else None
         located = [i for i, ev in enumerate(out) if ev.persona is not None]
-        vectors = _normalized(self.embedder.encode([out[i].persona for i in located])) if located else None
+        vectors = embed_personas([out[i].persona for i in located], self.embedder) if located else None
         jobs: list[tuple[int, RMInput, Slot]] = []
         for row, i in enumerate(located):
             ev = out[i]
@@ -143,11 +142,6 @@ class ScaledJudge:
             out[i].neighbour_failures.update(scored.failures)
 
 
-def _normalized(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-
 def failure_counts(evidence: Sequence[Evidence]) -> dict[str, int]:
     """Invalid chains by kind over the evidence (greedy, samples, neighbours) and inputs without a persona."""
     total: Counter = Counter()
@@ -155,4 +149,6 @@ def failure_counts(evidence: Sequence[Evidence]) -> dict[str, int]:
         total.update(ev.greedy.failures)
         total.update(ev.samples.failures)
         total.update(ev.neighbour_failures)
+        if ev.asked[1] > 0 and ev.persona is None:
+            total["no_persona"] += 1   # no parsed chain to place the user: no neighbours
     return dict(total)
