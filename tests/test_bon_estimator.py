@@ -1,0 +1,57 @@
+"""The exact best-of-k estimator against brute-force enumeration of every k-subset (ties included)."""
+from __future__ import annotations
+
+from itertools import combinations
+
+import numpy as np
+import pytest
+
+from pr_rlhf.bon.estimator import best_of_k_curve, expected_best_of_k, first_k_quality, powers_of_two
+
+
+def brute_force(scores, quality, k) -> float:
+    values = []
+    for subset in combinations(range(len(scores)), k):
+        top = max(scores[i] for i in subset)
+        tied = [quality[i] for i in subset if scores[i] == top]
+        values.append(sum(tied) / len(tied))      # a uniform pick among the subset's tied maxima
+    return sum(values) / len(values)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_matches_enumeration_with_and_without_ties(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 9))
+    scores = list(rng.integers(0, 4, size=n).astype(float)) if seed % 2 else list(rng.normal(size=n))
+    quality = list(rng.normal(size=n))
+    for k in range(1, n + 1):
+        assert expected_best_of_k(scores, quality, k) == pytest.approx(brute_force(scores, quality, k), abs=1e-12)
+
+
+def test_edge_cases_and_first_k_protocol():
+    q = [0.1, 0.9, 0.5, 0.3]
+    assert expected_best_of_k([1, 2, 3, 4], q, 1) == pytest.approx(np.mean(q))   # k = 1: the pool mean
+    assert expected_best_of_k([1, 2, 3, 4], q, 4) == pytest.approx(0.3)          # k = N: the top-scored sample
+    assert expected_best_of_k([7, 7, 7, 7], q, 3) == pytest.approx(np.mean(q))   # all tied: uniform pick
+    assert first_k_quality([1, 5, 5, 9], q, 3) == 0.9                           # ties to the earliest
+    curve = best_of_k_curve([1, 2, 3, 4], q, [1, 2, 4])
+    assert list(curve) == [1, 2, 4] and curve[4] == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="outside"):
+        expected_best_of_k([1, 2], [0, 1], 3)
+    with pytest.raises(ValueError, match="quality"):
+        expected_best_of_k([1, 2], [0], 1)
+    with pytest.raises(ValueError, match="finite"):
+        expected_best_of_k([1, float("nan")], [0, 1], 1)
+    assert powers_of_two(128) == [1, 2, 4, 8, 16, 32, 64, 128] and powers_of_two(12) == [1, 2, 4, 8, 12]
+
+
+def test_large_pool_is_exact_and_a_good_rm_rises_with_k():
+    rng = np.random.default_rng(0)
+    quality = rng.normal(size=128)
+    scores = quality + rng.normal(scale=0.5, size=128)      # an informative RM
+    curve = best_of_k_curve(scores, quality, powers_of_two(128))
+    values = list(curve.values())
+    assert all(b > a for a, b in zip(values, values[1:]))   # more samples, better pick
+    assert curve[1] == pytest.approx(quality.mean()) and curve[128] == pytest.approx(quality[np.argmax(scores)])
+    noise = best_of_k_curve(rng.normal(size=128), quality, [1, 128])   # an uninformative RM does not rise on average
+    assert abs(noise[1] - quality.mean()) < 1e-12
