@@ -6,7 +6,12 @@ from itertools import combinations
 import numpy as np
 import pytest
 
-from pr_rlhf.bon.estimator import best_of_k_curve, expected_best_of_k, first_k_quality, powers_of_two
+from pr_rlhf.bon.estimator import (
+    best_of_k_curve,
+    expected_best_of_k,
+    first_k_quality,
+    powers_of_two,
+)
 
 
 def brute_force(scores, quality, k) -> float:
