@@ -1,7 +1,7 @@
 """The exact best-of-k estimator against brute-force enumeration of every k-subset (ties included)."""
 from __future__ import annotations
 
-from itertools import combinations
+from itertools import combinations, pairwise
 
 import numpy as np
 import pytest
@@ -56,7 +56,7 @@ def test_large_pool_is_exact_and_a_good_rm_rises_with_k():
     scores = quality + rng.normal(scale=0.5, size=128)      # an informative RM
     curve = best_of_k_curve(scores, quality, powers_of_two(128))
     values = list(curve.values())
-    assert all(b > a for a, b in zip(values, values[1:]))   # more samples, better pick
+    assert all(b > a for a, b in pairwise(values))   # more samples, better pick
     assert curve[1] == pytest.approx(quality.mean()) and curve[128] == pytest.approx(quality[np.argmax(scores)])
     noise = best_of_k_curve(rng.normal(size=128), quality, [1, 128])   # an uninformative RM does not rise on average
     assert abs(noise[1] - quality.mean()) < 1e-12
