@@ -60,3 +60,22 @@ def test_large_pool_is_exact_and_a_good_rm_rises_with_k():
     assert curve[1] == pytest.approx(quality.mean()) and curve[128] == pytest.approx(quality[np.argmax(scores)])
     noise = best_of_k_curve(rng.normal(size=128), quality, [1, 128])   # an uninformative RM does not rise on average
     assert abs(noise[1] - quality.mean()) < 1e-12
+
+
+def test_benchmark_validity_rank_agreement():
+    from pr_rlhf.bon.validity import ndcg, spearman_rho
+
+    down = [0.2, 0.5, 0.4, 0.9]
+    assert spearman_rho([1, 3, 2, 4], down) == pytest.approx(1.0)
+    assert spearman_rho([4, 2, 3, 1], down) == pytest.approx(-1.0)
+    assert ndcg([1, 3, 2, 4], down) == pytest.approx(1.0)            # the benchmark ranks as the downstream does
+    worst = ndcg([4, 2, 3, 1], down)
+    assert 0.0 <= worst < 1.0 and ndcg([4, 2, 3, 1], down, relevance="zscore") < 0   # signed relevance goes below 0
+    # hand-computed: order by benchmark = RM 3 (rel 1), RM 0 (0), RM 1 (3/7), RM 2 (2/7)
+    rel = np.array([0.0, 3 / 7, 2 / 7, 1.0])
+    disc = 1 / np.log2(np.arange(2, 6))
+    expected = (rel[[3, 0, 1, 2]] * disc).sum() / (np.sort(rel)[::-1] * disc).sum()
+    assert ndcg([3, 2, 1, 4], down) == pytest.approx(expected)
+    assert np.isnan(spearman_rho([1, 1, 1], [1, 2, 3])) and np.isnan(ndcg([1, 2], [5, 5]))
+    with pytest.raises(ValueError, match="at least 2"):
+        ndcg([1], [1])
