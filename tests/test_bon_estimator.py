@@ -79,3 +79,25 @@ def test_benchmark_validity_rank_agreement():
     assert np.isnan(spearman_rho([1, 1, 1], [1, 2, 3])) and np.isnan(ndcg([1, 2], [5, 5]))
     with pytest.raises(ValueError, match="at least 2"):
         ndcg([1], [1])
+
+
+def test_curves_per_subset_with_ci_plot_and_metrics(tmp_path):
+    from pr_rlhf.bon.curves import ScoredPool, curve, mlflow_metrics, plot_curves
+
+    rng = np.random.default_rng(3)
+    pools = []
+    for i in range(20):
+        quality = rng.normal(size=16)
+        informative = i % 2 == 0
+        scores = quality + rng.normal(scale=0.3, size=16) if informative else rng.normal(size=16)
+        pools.append(ScoredPool(f"p{i}", "good_rm" if informative else "noise", tuple(scores), tuple(quality)))
+    points = curve(pools, n_bootstrap=200)
+    assert {p.subset for p in points} == {"all", "good_rm", "noise"} and {p.k for p in points} == {1, 2, 4, 8, 16}
+    good = {p.k: p for p in points if p.subset == "good_rm"}
+    assert good[16].mean > good[1].mean + 0.5 and good[16].ci_low <= good[16].mean <= good[16].ci_high
+    assert good[16].first_k_mean == pytest.approx(good[16].mean)   # k = N: both protocols pick the top sample
+    metrics = mlflow_metrics(points)
+    assert "bon/best_of_16" in metrics and "bon/noise/best_of_1" in metrics
+    assert plot_curves(points, tmp_path / "bon.png").stat().st_size > 1000
+    with pytest.raises(ValueError, match="smallest pool"):
+        curve(pools, ks=[32])

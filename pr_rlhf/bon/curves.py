@@ -1,0 +1,88 @@
+"""Best-of-k curves from scored pools: per k, the mean over prompts of each prompt's exact expected best-of-k
+quality (``estimator.expected_best_of_k``) with a 95% bootstrap CI over prompts, per subset and overall; a PNG
+plot; the rows that mlflow logs as ``bon/best_of_<k>``."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pr_rlhf.bon.estimator import expected_best_of_k, first_k_quality, powers_of_two
+from pr_rlhf.eval.metrics import accuracy_ci
+
+
+@dataclass(frozen=True)
+class ScoredPool:
+    """One prompt's N samples: the RM's scores and the downstream quality of each (same order)."""
+
+    prompt_id: str
+    subset: str
+    scores: tuple[float, ...]
+    quality: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    subset: str          # "all" for every prompt
+    k: int
+    mean: float
+    ci_low: float
+    ci_high: float
+    prompts: int
+    first_k_mean: float  # the public protocol's estimate (first k samples), for comparison
+
+
+def curve(pools: Sequence[ScoredPool], ks: Sequence[int] | None = None, n_bootstrap: int = 1000,
+          seed: int = 0) -> list[CurvePoint]:
+    """Points for every k (default: 1, 2, 4, ... up to the smallest pool) and subset, plus "all"."""
+    if not pools:
+        raise ValueError("no scored pools")
+    smallest = min(len(p.scores) for p in pools)
+    ks = list(ks) if ks is not None else powers_of_two(smallest)
+    if max(ks) > smallest:
+        raise ValueError(f"k={max(ks)} exceeds the smallest pool ({smallest} samples)")
+    groups = {"all": list(pools)}
+    for p in pools:
+        groups.setdefault(p.subset, []).append(p)
+    out = []
+    for subset, members in groups.items():
+        for k in ks:
+            values = np.array([expected_best_of_k(p.scores, p.quality, k) for p in members])
+            first = np.array([first_k_quality(p.scores, p.quality, k) for p in members])
+            low, high = accuracy_ci(values, n_bootstrap=n_bootstrap, seed=seed)
+            out.append(CurvePoint(subset, int(k), float(values.mean()), low, high, len(members),
+                                  float(first.mean())))
+    return out
+
+
+def plot_curves(points: Sequence[CurvePoint], path: Path, title: str = "Best-of-k") -> Path:
+    """Mean quality vs k (log2 axis) with the CI band, one line per subset."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for subset in dict.fromkeys(p.subset for p in points):
+        rows = sorted((p for p in points if p.subset == subset), key=lambda p: p.k)
+        ks = [p.k for p in rows]
+        ax.plot(ks, [p.mean for p in rows], marker="o", label=subset, lw=2 if subset == "all" else 1)
+        ax.fill_between(ks, [p.ci_low for p in rows], [p.ci_high for p in rows], alpha=0.15)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k (samples the reward model chooses from)")
+    ax.set_ylabel("downstream quality of the pick")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def mlflow_metrics(points: Sequence[CurvePoint]) -> dict[str, float]:
+    """``bon/best_of_<k>`` (all prompts) and ``bon/<subset>/best_of_<k>``."""
+    return {(f"bon/best_of_{p.k}" if p.subset == "all" else f"bon/{p.subset}/best_of_{p.k}"): p.mean
+            for p in points}
