@@ -1,0 +1,54 @@
+"""Typed configuration of a Best-of-N sweep (the ``bon:`` section of a recipe). Pydantic only."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from pr_rlhf.config_base import EngineConfig, StrictModel
+from pr_rlhf.reward.config import RewardConfig
+from pr_rlhf.world.config import WorldConfig
+
+
+class BoNConfig(StrictModel):
+    """N samples per prompt generated once by the policy on rollout workers, every sample scored once by each
+    reward model and by the downstream judge; best-of-k for every k from that one pool."""
+
+    policy: EngineConfig = Field(default_factory=lambda: EngineConfig(backend="hf", model="smollm2"))
+    shards: str = Field("runs/bon/data", description="shards of the prompts (built from ``world`` when absent)")
+    world: WorldConfig | None = Field(None, description="a synthetic world to build the shards from")
+    prompts_from: Literal["cold_start", "test"] = Field("cold_start", description="held-out queries: those of "
+                                                                                  "cold-start users, or the test split")
+    prompts: int = Field(16, ge=1, description="prompts in the sweep (a seeded sample)")
+    profile_top_k: int = Field(10, ge=0, description="retrieved profile posts in the policy prompt")
+    n: int = Field(32, ge=1, description="samples per prompt (the pool); k runs over 1, 2, 4, ... up to n")
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(0.9, gt=0, le=1)
+    max_tokens: int = Field(100, ge=1)
+    prompts_per_call: int = Field(4, ge=1, description="prompts per rollout call (each with n samples); a finished "
+                                                       "call is written to the pool before the next starts")
+    rollout_workers: int = Field(1, ge=1)
+    rollout_num_cpus: float = Field(1.0, gt=0)
+    rollout_num_gpus: float = Field(0.0, ge=0)
+    reward_models: dict[str, RewardConfig] = Field(
+        default_factory=lambda: {"gold": RewardConfig(kind="gold")},
+        description="name -> reward model whose argmax picks the best of k")
+    benchmark_accuracy: dict[str, float] = Field(
+        default_factory=dict, description="name -> the RM's benchmark accuracy (for the validity report)")
+    downstream: RewardConfig = Field(default_factory=lambda: RewardConfig(kind="gold", normalize=True),
+                                     description="the downstream judge: the synthetic world's gold utility, or a "
+                                                 "rubric judge through any engine")
+    ks: list[int] | None = Field(None, description="default: 1, 2, 4, ... up to n")
+    n_bootstrap: int = Field(1000, ge=10)
+    out: str = "runs/bon"
+
+    @model_validator(mode="after")
+    def _check(self) -> BoNConfig:
+        if not self.reward_models:
+            raise ValueError("reward_models is empty: name at least one reward model")
+        if self.ks is not None and (min(self.ks) < 1 or max(self.ks) > self.n):
+            raise ValueError(f"ks {self.ks} must lie in 1..n={self.n}")
+        unknown = sorted(set(self.benchmark_accuracy) - set(self.reward_models))
+        if unknown:
+            raise ValueError(f"benchmark_accuracy names reward models not in reward_models: {unknown}")
+        return self

@@ -1,0 +1,197 @@
+"""Best-of-N sweeps on Ray (PROTOCOLS.md section 5): one pool of N samples per prompt, generated once on rollout
+workers (the prompt shared by its N samples), every sample scored once by each reward model and by the downstream
+judge through reward pools; best-of-k for every k from that one pool (``pr_rlhf.bon.estimator``).
+
+Resumable: the pool is written per rollout call (``<out>/pool/part-*.parquet``) and each scorer's results per
+call (``<out>/scores/<name>/part-*.parquet``); a restarted sweep skips the prompts whose samples (or scores) are
+on disk. A GenRM scorer in ``sec_reference`` mode compares every sample with the prompt's sample 0 (the same
+reference for all k-subsets, so its ranking is consistent). A sample a reward model could not score ranks below
+every scored one (counted); a sample the downstream judge could not score leaves the pool (counted).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pr_rlhf.bon.config import BoNConfig
+from pr_rlhf.models.base import SamplingParams
+from pr_rlhf.shards import ShardReader
+from workers.controller import PromptItem, make_item
+
+DOWNSTREAM = "downstream"
+
+
+def load_bon_prompts(cfg: BoNConfig, seed: int) -> list[tuple[PromptItem, list[dict]]]:
+    """A seeded sample of held-out queries (cold-start users', or the test split): (policy prompt, the query's
+    retrieved profile posts, which profile-mode reward models see)."""
+    from pr_rlhf.train.rl_config import RLDataConfig
+
+    reader = ShardReader(cfg.shards)
+    cold = {(r["user_id"], r["subset"]) for r in reader.iter_rows("profiles") if r.get("cold_start")}
+    if cfg.prompts_from == "cold_start":
+        rows = [r for r in reader.iter_rows("queries") if (r["user_id"], r["subset"]) in cold]
+    else:
+        rows = list(reader.iter_rows("queries", "test"))
+    if not rows:
+        raise ValueError(f"{cfg.shards}: no {cfg.prompts_from} queries for the sweep")
+    keep = np.sort(np.random.default_rng(seed).permutation(len(rows))[:cfg.prompts])
+    data = RLDataConfig(shards=cfg.shards, profile_top_k=cfg.profile_top_k)
+    return [(make_item(rows[i], data, {}), [dict(x) for x in rows[i].get("retrieved") or []]) for i in keep]
+
+
+def _parts(folder: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    rows: list[dict] = []
+    for part in sorted(folder.glob("part-*.parquet")):
+        rows += pq.read_table(part).to_pylist()
+    return rows
+
+
+def _write_part(folder: Path, index: int, rows: list[dict]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".part-{index:05d}.tmp"
+    pq.write_table(pa.Table.from_pylist(rows), tmp)
+    tmp.rename(folder / f"part-{index:05d}.parquet")   # a part is complete or absent, never half written
+
+
+class BoNSweep:
+    """Runs a ``bon:`` recipe section (Ray must be initialized)."""
+
+    def __init__(self, cfg: BoNConfig, seed: int = 0, log: Any = print):
+        self.cfg, self.seed, self.log = cfg, seed, log
+        self.out = Path(cfg.out)
+
+    # ------------------------------------------------------------------------------------------ pool
+    def generate_pool(self, prompts: Sequence[tuple[PromptItem, list]]) -> list[dict]:
+        import ray
+
+        from workers.controller import generate_sharded
+        from workers.rollout import spawn_rollout_worker
+
+        folder = self.out / "pool"
+        rows = _parts(folder)
+        done = {r["prompt_id"] for r in rows}
+        todo = [p for p in prompts if p[0].prompt_id not in done]
+        self.log(f"pool: {len(done)} prompts on disk, {len(todo)} to generate (n={self.cfg.n})")
+        if not todo:
+            return rows
+        workers = [spawn_rollout_worker(self.cfg.policy.model_copy(update={"seed": self.seed}),
+                                        num_cpus=self.cfg.rollout_num_cpus, num_gpus=self.cfg.rollout_num_gpus)
+                   for _ in range(self.cfg.rollout_workers)]
+        try:
+            part = len(list(folder.glob("part-*.parquet")))
+            step = self.cfg.prompts_per_call * self.cfg.rollout_workers
+            for start in range(0, len(todo), step):
+                chunk = todo[start:start + step]
+                params = SamplingParams(n=self.cfg.n, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                                        max_tokens=self.cfg.max_tokens, seed=self.seed * 1_000_003 + part)
+                gens = generate_sharded(workers, [item.messages for item, _ in chunk], params)
+                new = []
+                for (item, retrieved), gen in zip(chunk, gens):
+                    if gen.error is not None:
+                        raise RuntimeError(f"rollout failed for prompt {item.prompt_id}: {gen.error}")
+                    new += [{"prompt_id": item.prompt_id, "user_id": item.user_id, "subset": item.subset,
+                             "question": item.question, "retrieved": json.dumps(retrieved), "sample": i,
+                             "text": s.text, "tokens": len(s.token_ids)} for i, s in enumerate(gen.samples)]
+                _write_part(folder, part, new)
+                part += 1
+                rows += new
+                self.log(f"pool: {len({r['prompt_id'] for r in rows})}/{len(prompts)} prompts")
+        finally:
+            for w in workers:
+                ray.kill(w)
+        return rows
+
+    # ------------------------------------------------------------------------------------------ scores
+    def score(self, name: str, reward_cfg: Any, pool: list[dict]) -> dict[tuple[str, int], float | None]:
+        """(prompt id, sample) -> score (None: unscored), scoring only the prompts not yet on disk."""
+        from workers.reward import RewardPool, RewardRequest
+
+        folder = self.out / "scores" / name
+        rows = _parts(folder)
+        done = {r["prompt_id"] for r in rows}
+        by_prompt: dict[str, list[dict]] = {}
+        for r in pool:
+            by_prompt.setdefault(r["prompt_id"], []).append(r)
+        todo = [pid for pid in by_prompt if pid not in done]
+        if todo:
+            with RewardPool(reward_cfg) as rewards:
+                part = len(list(folder.glob("part-*.parquet")))
+                for start in range(0, len(todo), self.cfg.prompts_per_call):
+                    pids = todo[start:start + self.cfg.prompts_per_call]
+                    samples = [s for pid in pids for s in sorted(by_prompt[pid], key=lambda x: x["sample"])]
+                    reference = {pid: min(by_prompt[pid], key=lambda x: x["sample"])["text"] for pid in pids}
+                    reqs = [RewardRequest(f"{s['prompt_id']}#{s['sample']}", s["user_id"], s["question"], s["text"],
+                                          meta={"subset": s["subset"], "retrieved": json.loads(s["retrieved"]),
+                                                "reference": reference[s["prompt_id"]]}) for s in samples]
+                    results = rewards.score(reqs)
+                    new = [{"prompt_id": s["prompt_id"], "sample": s["sample"], "score": r.score, "error": r.error}
+                           for s, r in zip(samples, results)]
+                    _write_part(folder, part, new)
+                    part += 1
+                    rows += new
+        unscored = sum(r["score"] is None for r in rows)
+        self.log(f"scores {name}: {len(rows)} samples, {unscored} unscored")
+        return {(r["prompt_id"], int(r["sample"])): r["score"] for r in rows}
+
+    # ------------------------------------------------------------------------------------------ run
+    def run(self) -> dict[str, Any]:
+        from pr_rlhf.bon.curves import ScoredPool, curve, mlflow_metrics, plot_curves
+        from pr_rlhf.bon.validity import ndcg, spearman_rho
+
+        prompts = load_bon_prompts(self.cfg, self.seed)
+        pool = self.generate_pool(prompts)
+        quality = self.score(DOWNSTREAM, self.cfg.downstream, pool)
+        curves: dict[str, list] = {}
+        counts: dict[str, dict[str, int]] = {}
+        for name, rcfg in self.cfg.reward_models.items():
+            scores = self.score(name, rcfg, pool)
+            pools, dropped, unscored = [], 0, 0
+            for pid in dict.fromkeys(r["prompt_id"] for r in pool):
+                samples = sorted((r for r in pool if r["prompt_id"] == pid), key=lambda r: r["sample"])
+                kept = [s for s in samples if quality.get((pid, s["sample"])) is not None]
+                dropped += len(samples) - len(kept)
+                raw = [scores.get((pid, s["sample"])) for s in kept]
+                unscored += sum(v is None for v in raw)
+                floor = min((v for v in raw if v is not None), default=0.0) - 1.0   # unscored: below every scored
+                if kept:
+                    pools.append(ScoredPool(pid, kept[0]["subset"], tuple(floor if v is None else float(v)
+                                                                         for v in raw),
+                                            tuple(float(quality[(pid, s["sample"])]) for s in kept)))
+            curves[name] = curve(pools, self.cfg.ks, self.cfg.n_bootstrap, self.seed)
+            counts[name] = {"prompts": len(pools), "downstream_unscored": dropped, "rm_unscored": unscored}
+        report = self.write_report(curves, counts)
+        for name, points in curves.items():
+            plot_curves(points, self.out / f"bon_{name}.png", title=f"Best-of-k: {name}")
+        report["metrics"] = {name: mlflow_metrics(points) for name, points in curves.items()}
+        names = [n for n in self.cfg.benchmark_accuracy if n in curves]
+        if len(names) >= 2:
+            top = {n: max((p for p in curves[n] if p.subset == "all"), key=lambda p: p.k).mean for n in names}
+            bench = [self.cfg.benchmark_accuracy[n] for n in names]
+            report["validity"] = {"reward_models": names, "best_of_n": [top[n] for n in names],
+                                  "spearman_rho": spearman_rho(bench, [top[n] for n in names]),
+                                  "ndcg": ndcg(bench, [top[n] for n in names])}
+        (self.out / "bon.json").write_text(json.dumps(report, indent=1, default=str))
+        return report
+
+    def write_report(self, curves: dict[str, list], counts: dict[str, dict[str, int]]) -> dict[str, Any]:
+        intro = (f"Pool: n = {self.cfg.n} samples per prompt; quality = the downstream judge "
+                 f"({self.cfg.downstream.kind}); exact expectation over all k-subsets, 95% bootstrap CI over "
+                 "prompts; first-k = the public protocol's estimate.")
+        lines = ["## Best-of-k", "", intro, ""]
+        for name, points in curves.items():
+            rows = sorted((p for p in points if p.subset == "all"), key=lambda p: p.k)
+            lines += [f"### {name} ({counts[name]})", "", "| k | quality [95% CI] | first-k |", "|---|---|---|"]
+            lines += [f"| {p.k} | {p.mean:.4f} [{p.ci_low:.4f}, {p.ci_high:.4f}] | {p.first_k_mean:.4f} |"
+                      for p in rows]
+            lines.append("")
+        (self.out / "bon.md").write_text("\n".join(lines) + "\n")
+        return {"curves": {n: [p.__dict__ for p in pts] for n, pts in curves.items()}, "counts": counts}
