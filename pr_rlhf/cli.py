@@ -367,6 +367,43 @@ def run_scaling_stage(recipe: Recipe, address: Optional[str] = None) -> dict:
     return result
 
 
+@app.command()
+def bon(recipe: Path = typer.Argument(..., help="recipe YAML with a bon: section"),
+        overrides: Optional[List[str]] = OverridesOpt,
+        address: Optional[str] = typer.Option(None, help="Ray address (default: $RAY_ADDRESS or a local Ray)")):
+    """Best-of-N sweep: one pool of N samples per prompt, scored once by each reward model and the downstream
+    judge; best-of-k curves for every k (resumes a killed sweep)."""
+    rec = _recipe(recipe, overrides)
+    if rec.bon is None:
+        _fail(f"{recipe}: no bon: section (see recipes/bon_sweep.yaml)")
+    run_bon_stage(rec, address)
+
+
+def run_bon_stage(recipe: Recipe, address: Optional[str] = None) -> dict:
+    import os
+
+    from data_pipelines.build import ensure_world_shards
+    from pr_rlhf.tracking import make_tracker
+    from workers.bon import BoNSweep
+    from workers.ray_utils import init_ray
+
+    cfg = recipe.bon
+    console.rule(f"[bold]bon[/] n={cfg.n}, {cfg.prompts} prompts -> {cfg.out}")
+    if cfg.world is not None and ensure_world_shards(cfg.shards, cfg.world):
+        console.print(f"built the recipe's synthetic world -> {cfg.shards}")
+    init_ray(address, num_cpus=max(os.cpu_count() or 1, 2))
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    report = BoNSweep(cfg, seed=recipe.seed, log=lambda m: console.print(m, highlight=False)).run()
+    with make_tracker(recipe.tracking, cfg.out, f"{recipe.name}/bon", tags={"stage": "bon"}) as tracker:
+        tracker.log_params({"n": cfg.n, "prompts": cfg.prompts, "reward_models": ",".join(cfg.reward_models)})
+        for metrics in report["metrics"].values():
+            tracker.log_metrics(metrics)
+    console.print(Path(cfg.out, "bon.md").read_text(), highlight=False)
+    if "validity" in report:
+        console.print(f"benchmark validity: {report['validity']}", highlight=False)
+    return report
+
+
 @report_app.command("ablation")
 def report_ablation(run_dir: Path = typer.Argument(..., help="a `pr-rlhf pgenrm` run directory (pgenrm.out)"),
                     seed: int = typer.Option(0, help="bootstrap seed")) -> None:

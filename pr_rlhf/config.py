@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pr_rlhf.config_base import EngineConfig, GenerationConfig, ScalarRMConfig, StrictModel
 from pr_rlhf.pgenrm.config import PGenRMConfig
 from pr_rlhf.scaling.config import ScalingEvalConfig
+from pr_rlhf.bon.config import BoNConfig
 from pr_rlhf.reward.config import RewardConfig
 from pr_rlhf.train.rl_config import RLConfig
 from pr_rlhf.world.config import WorldConfig
@@ -99,6 +100,7 @@ class Recipe(StrictModel):
     train: RLConfig | None = Field(None, description="an RL run (GRPO / PPO): `pr-rlhf train`")
     pgenrm: PGenRMConfig | None = Field(None, description="P-GenRM training stages: `pr-rlhf pgenrm`")
     scaling: ScalingEvalConfig | None = Field(None, description="test-time scaling grid: `pr-rlhf scaling`")
+    bon: BoNConfig | None = Field(None, description="Best-of-N sweep: `pr-rlhf bon`")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
 
