@@ -346,11 +346,20 @@ def scaling(recipe: Path = typer.Argument(..., help="recipe YAML with a scaling:
     run_scaling_stage(rec, address)
 
 
-def run_scaling_stage(recipe: Recipe, address: Optional[str] = None) -> dict:
+def _world_shards_and_ray(shards: str, world, address: Optional[str]) -> None:
+    """The recipe's synthetic world built into ``shards`` when absent (``world`` None: shards must exist), then
+    Ray joined at ``address`` or started locally."""
     import os
 
     from data_pipelines.build import ensure_world_shards
     from workers.ray_utils import init_ray
+
+    if world is not None and ensure_world_shards(shards, world):
+        console.print(f"built the recipe's synthetic world -> {shards}")
+    init_ray(address, num_cpus=max(os.cpu_count() or 1, 2))
+
+
+def run_scaling_stage(recipe: Recipe, address: Optional[str] = None) -> dict:
     from workers.scaling import run_scaling
 
     cfg = recipe.scaling
@@ -358,9 +367,7 @@ def run_scaling_stage(recipe: Recipe, address: Optional[str] = None) -> dict:
     if not Path(cfg.model).is_dir():
         _fail(f"scaling.model {cfg.model!r} is not a model directory: train one with `pr-rlhf pgenrm "
               "recipes/pgenrm_pipeline.yaml`, or point scaling.model at a local GenRM")
-    if ensure_world_shards(cfg.shards, cfg.world):
-        console.print(f"built the recipe's synthetic world -> {cfg.shards}")
-    init_ray(address, num_cpus=max(os.cpu_count() or 1, 2))
+    _world_shards_and_ray(cfg.shards, cfg.world, address)
     result = run_scaling(recipe)
     console.print(Path(result["markdown"]).read_text(), highlight=False)
     console.print(f"written: {result['markdown']}, {result['figure']}", highlight=False)
@@ -380,18 +387,12 @@ def bon(recipe: Path = typer.Argument(..., help="recipe YAML with a bon: section
 
 
 def run_bon_stage(recipe: Recipe, address: Optional[str] = None) -> dict:
-    import os
-
-    from data_pipelines.build import ensure_world_shards
     from pr_rlhf.tracking import make_tracker
     from workers.bon import BoNSweep
-    from workers.ray_utils import init_ray
 
     cfg = recipe.bon
     console.rule(f"[bold]bon[/] n={cfg.n}, {cfg.prompts} prompts -> {cfg.out}")
-    if cfg.world is not None and ensure_world_shards(cfg.shards, cfg.world):
-        console.print(f"built the recipe's synthetic world -> {cfg.shards}")
-    init_ray(address, num_cpus=max(os.cpu_count() or 1, 2))
+    _world_shards_and_ray(cfg.shards, cfg.world, address)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     report = BoNSweep(cfg, seed=recipe.seed, log=lambda m: console.print(m, highlight=False)).run()
     with make_tracker(recipe.tracking, cfg.out, f"{recipe.name}/bon", tags={"stage": "bon"}) as tracker:

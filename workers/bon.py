@@ -152,11 +152,13 @@ class BoNSweep:
         quality = self.score(DOWNSTREAM, self.cfg.downstream, pool)
         curves: dict[str, list] = {}
         counts: dict[str, dict[str, int]] = {}
+        by_prompt: dict[str, list[dict]] = {}   # grouped once, not rescanned per prompt and reward model
+        for r in sorted(pool, key=lambda r: r["sample"]):
+            by_prompt.setdefault(r["prompt_id"], []).append(r)
         for name, rcfg in self.cfg.reward_models.items():
             scores = self.score(name, rcfg, pool)
             pools, dropped, unscored = [], 0, 0
-            for pid in dict.fromkeys(r["prompt_id"] for r in pool):
-                samples = sorted((r for r in pool if r["prompt_id"] == pid), key=lambda r: r["sample"])
+            for pid, samples in by_prompt.items():
                 kept = [s for s in samples if quality.get((pid, s["sample"])) is not None]
                 dropped += len(samples) - len(kept)
                 raw = [scores.get((pid, s["sample"])) for s in kept]

@@ -58,7 +58,7 @@ def build_prototypes(cfg: ScalingEvalConfig, engine: Any, embedder: Any, seed: i
     if pcfg.refine_steps > 0:
         refine = RefineConfig(steps=pcfg.refine_steps, lr=pcfg.refine_lr, centroid_coef=pcfg.centroid_coef,
                               smooth_coef=pcfg.smooth_coef, seed=seed)
-        user_histories = [_user_history(u, histories[u], embedder, UserHistory) for u in users]
+        user_histories = user_history_embeddings(users, histories, embedder, UserHistory)
     index = build_index(users, texts, embedder, pcfg.k, seed, histories=user_histories, refine_cfg=refine)
     index.save(path)
     info = {"prototypes": str(path), "embedder": index.embedder, "member_users": len(users), "k": pcfg.k,
@@ -67,13 +67,18 @@ def build_prototypes(cfg: ScalingEvalConfig, engine: Any, embedder: Any, seed: i
     return index, histories, info
 
 
-def _user_history(user: str, triples: list[dict], embedder: Any, cls: Any) -> Any:
+def user_history_embeddings(users: list[str], histories: dict[str, list[dict]], embedder: Any,
+                            cls: Any) -> list[Any]:
+    """Each user's history triples embedded (question, chosen, rejected): one encoder call per field for all users
+    together (one call per user and field would be 3 x users small batches)."""
     from pr_rlhf.scaling.prototypes import embed_personas
 
-    def emb(key: str) -> np.ndarray:
-        return embed_personas([t[key] for t in triples], embedder)
-
-    return cls(user, emb("question"), emb("chosen"), emb("rejected"))
+    sizes = [len(histories[u]) for u in users]
+    fields = {key: embed_personas([t[key] for u in users for t in histories[u]], embedder)
+              for key in ("question", "chosen", "rejected")}
+    ends = np.cumsum(sizes)
+    return [cls(u, *(fields[key][end - size:end] for key in ("question", "chosen", "rejected")))
+            for u, size, end in zip(users, sizes, ends)]
 
 
 def run_grid(cfg_json: str, seed: int, threads: int) -> dict[str, Any]:
