@@ -377,10 +377,11 @@ def run_scaling_stage(recipe: Recipe, address: Optional[str] = None) -> dict:
 @app.command()
 def bon(recipe: Path = typer.Argument(..., help="recipe YAML with a bon: section"),
         overrides: Optional[List[str]] = OverridesOpt,
+        out: Optional[Path] = typer.Option(None, "--out", "-o", help="run directory (default: bon.out)"),
         address: Optional[str] = typer.Option(None, help="Ray address (default: $RAY_ADDRESS or a local Ray)")):
     """Best-of-N sweep: one pool of N samples per prompt, scored once by each reward model and the downstream
-    judge; best-of-k curves for every k (resumes a killed sweep)."""
-    rec = _recipe(recipe, overrides)
+    judge; best-of-k curves for every k, the benchmark-validity report (resumes a killed sweep)."""
+    rec = _recipe(recipe, [*(overrides or []), *([f"bon.out={out}"] if out is not None else [])])
     if rec.bon is None:
         _fail(f"{recipe}: no bon: section (see recipes/bon_sweep.yaml)")
     run_bon_stage(rec, address)
@@ -403,6 +404,34 @@ def run_bon_stage(recipe: Recipe, address: Optional[str] = None) -> dict:
     if "validity" in report:
         console.print(f"benchmark validity: {report['validity']}", highlight=False)
     return report
+
+
+@report_app.command("correlation")
+def report_correlation(
+        runs: List[Path] = typer.Argument(..., help="`pr-rlhf bon` output directories (bon.out) or bon.json files"),
+        extra: Optional[List[Path]] = typer.Option(None, help="JSON {column: {reward model: downstream value}}, "
+                                                              "e.g. each RM's GRPO/PPO final gold reward"),
+        out: Optional[Path] = typer.Option(None, help="where correlation.md/.json/.png go (default: the first run)")
+) -> None:
+    """Benchmark validity: Spearman rho and NDCG between the RMs' benchmark accuracy and their downstream quality
+    (best-of-k at every k of each sweep, plus any extra columns)."""
+    import json
+
+    from pr_rlhf.bon.correlation import correlation_report, load_bon, write_correlation_report
+
+    try:
+        bons = [load_bon(r) for r in runs]
+        columns: dict = {}
+        for path in extra or []:
+            columns.update(json.loads(Path(path).read_text()))
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+        raise
+    report = correlation_report(bons, columns, labels=[Path(r).name for r in runs])
+    folder = out or (runs[0] if Path(runs[0]).is_dir() else Path(runs[0]).parent)
+    md = write_correlation_report(report, folder)
+    console.print(md.read_text(), highlight=False)
+    console.print(f"written: {md}, {md.with_suffix('.json')}, {md.with_suffix('.png')}", highlight=False)
 
 
 @report_app.command("ablation")

@@ -29,8 +29,9 @@ def test_sweep_pools_once_scores_once_and_resumes(ray_cluster, tmp_path):  # noq
     cfg = BoNConfig(policy=EngineConfig(backend="hf", model="tiny"), shards=str(shards), prompts=3, n=4,
                     max_tokens=12, prompts_per_call=2, out=str(tmp_path / "bon"),
                     reward_models={"gold": RewardConfig(kind="gold", world=WORLD),
-                                   "gold_normalized": RewardConfig(kind="gold", world=WORLD, normalize=True)},
-                    benchmark_accuracy={"gold": 0.9, "gold_normalized": 0.8},
+                                   "prior": RewardConfig(kind="world_estimate", estimator="no_history", world=WORLD),
+                                   "listed": RewardConfig(kind="gold", world=WORLD, normalize=True)},
+                    benchmark_accuracy={"listed": 0.5},
                     downstream=RewardConfig(kind="gold", world=WORLD, normalize=True))
     report = BoNSweep(cfg, seed=0, log=lambda _m: None).run()
     pool = sorted((tmp_path / "bon" / "pool").glob("part-*.parquet"))
@@ -40,8 +41,16 @@ def test_sweep_pools_once_scores_once_and_resumes(ray_cluster, tmp_path):  # noq
     # the RM is the downstream judge itself (same order within a user): picking from more samples never hurts
     assert curve[1]["mean"] <= curve[2]["mean"] + 1e-12 <= curve[4]["mean"] + 2e-12
     assert report["counts"]["gold"] == {"prompts": 3, "downstream_unscored": 0, "rm_unscored": 0}
-    assert set(report["validity"]) >= {"spearman_rho", "ndcg"} and "bon/best_of_4" in report["metrics"]["gold"]
-    assert (tmp_path / "bon" / "bon.md").is_file() and (tmp_path / "bon" / "bon_gold.png").is_file()
+    assert set(report["validity"]) >= {"spearman_rho", "ndcg"} and "bon/gold/best_of_4" in report["metrics"]["gold"]
+    # benchmark accuracies: the recipe's number, and the world's own for gold (true weights) and world_estimate
+    bench = report["benchmark_accuracy"]
+    assert bench["listed"] == 0.5 and 0.5 < bench["gold"] <= 1.0 and 0.0 <= bench["prior"] <= 1.0
+    for name in ("bon.md", "bon_gold.png", "bon.png", "correlation.md", "correlation.png"):
+        assert (tmp_path / "bon" / name).is_file(), name
+    import pyarrow.parquet as pq
+
+    row = pq.read_table(pool[0]).to_pylist()[0]   # what judges see travels with the pool
+    assert json.loads(row["history"]) and json.loads(row["rubric"]) and row["narrative"]
 
     written = {p: p.stat().st_mtime_ns for p in (tmp_path / "bon").rglob("part-*.parquet")}
     again = BoNSweep(cfg, seed=0, log=lambda _m: None).run()

@@ -142,3 +142,32 @@ def test_submit_pgenrm_pipeline(tmp_path):
         result = json.loads((out / stage / "result.json").read_text())
         assert result["seen"]["summary"]["n"] == 8 and (out / stage / "COMPLETE").is_file()
     assert (out / "ablation.md").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_submit_bon_sweep(tmp_path):
+    """A Best-of-N sweep as a Ray job: pool, scores, curves, the validity report and mlflow metrics."""
+    import yaml
+
+    world = {"users": 6, "cold_start_users": 2, "history_size": 2, "val_pairs_per_user": 0, "test_pairs_per_user": 2}
+    recipe = tmp_path / "bon.yaml"
+    recipe.write_text(yaml.safe_dump({"name": "bon_job", "seed": 0, "tracking": {"experiment": "bon_job"}, "bon": {
+        "policy": {"backend": "hf", "model": "tiny"}, "shards": str(tmp_path / "shards"), "world": world,
+        "prompts": 2, "n": 4, "max_tokens": 8,
+        "reward_models": {"true_weights": {"kind": "gold", "world": world},
+                          "prior_only": {"kind": "world_estimate", "estimator": "no_history", "world": world}},
+        "downstream": {"kind": "gold", "normalize": True, "world": world}}}))
+    out = tmp_path / "run"
+    with local_cluster() as (address, env):
+        submit_and_wait(address, env, str(recipe), out, [], command="bon")
+    report = json.loads((out / "bon.json").read_text())
+    assert set(report["curves"]) == {"true_weights", "prior_only"} and set(report["benchmark_accuracy"]) == {
+        "true_weights", "prior_only"}
+    assert (out / "correlation.md").is_file() and (out / "bon.png").is_file()
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("bon_job").experiment_id])
+    assert "bon/true_weights/best_of_4" in run.data.metrics

@@ -25,9 +25,11 @@ from workers.controller import PromptItem, make_item
 DOWNSTREAM = "downstream"
 
 
-def load_bon_prompts(cfg: BoNConfig, seed: int) -> list[tuple[PromptItem, list[dict]]]:
-    """A seeded sample of held-out queries (cold-start users', or the test split): (policy prompt, the query's
-    retrieved profile posts, which profile-mode reward models see)."""
+def load_bon_prompts(cfg: BoNConfig, seed: int) -> list[tuple[PromptItem, dict]]:
+    """A seeded sample of held-out queries (cold-start users', or the test split): (policy prompt, what reward
+    models and judges may see: the query's retrieved profile posts, the user's first ``history_pairs`` train pairs
+    as (question, chosen, rejected) triples, and the query's rubric aspects and narrative for a rubric judge)."""
+    from pr_rlhf.reward.inputs import history_rows_by_user
     from pr_rlhf.train.rl_config import RLDataConfig
 
     reader = ShardReader(cfg.shards)
@@ -39,8 +41,36 @@ def load_bon_prompts(cfg: BoNConfig, seed: int) -> list[tuple[PromptItem, list[d
     if not rows:
         raise ValueError(f"{cfg.shards}: no {cfg.prompts_from} queries for the sweep")
     keep = np.sort(np.random.default_rng(seed).permutation(len(rows))[:cfg.prompts])
+    rubrics = {r["query_id"]: r for r in reader.iter_rows("rubrics")}
+    histories = history_rows_by_user(reader.iter_rows("histories"), reader.iter_rows("pairs", "train")) \
+        if cfg.history_pairs > 0 and "train" in reader.splits("pairs") else {}
     data = RLDataConfig(shards=cfg.shards, profile_top_k=cfg.profile_top_k)
-    return [(make_item(rows[i], data, {}), [dict(x) for x in rows[i].get("retrieved") or []]) for i in keep]
+    out = []
+    for i in keep:
+        row = rows[i]
+        past = histories.get((row["user_id"], row["subset"]), [])[:cfg.history_pairs]
+        seen = {"retrieved": [dict(x) for x in row.get("retrieved") or []],
+                "history": [{"question": str(p["question"]), "chosen": str(p["chosen"]),
+                             "rejected": str(p["rejected"])} for p in past],
+                "rubric": [dict(a) for a in (rubrics.get(row["query_id"]) or {}).get("aspects") or []],
+                "narrative": str((rubrics.get(row["query_id"]) or {}).get("narrative") or "")}
+        out.append((make_item(row, data, {}), seen))
+    return out
+
+
+def read_accuracy(value: float | str) -> float:
+    """A benchmark accuracy given as a number, or as 'path/result.json:group' (the group's summary accuracy)."""
+    if not isinstance(value, str):
+        return float(value)
+    path, _, group = value.rpartition(":")
+    try:
+        result = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"benchmark_accuracy: {path} does not exist (run the stage that writes it)") from None
+    try:
+        return float(result[group]["summary"]["accuracy"])
+    except (KeyError, TypeError):
+        raise ValueError(f"{path}: no field {group}.summary.accuracy (groups: {sorted(result)})") from None
 
 
 def _parts(folder: Path) -> list[dict]:
@@ -70,7 +100,7 @@ class BoNSweep:
         self.out = Path(cfg.out)
 
     # ------------------------------------------------------------------------------------------ pool
-    def generate_pool(self, prompts: Sequence[tuple[PromptItem, list]]) -> list[dict]:
+    def generate_pool(self, prompts: Sequence[tuple[PromptItem, dict]]) -> list[dict]:
         import ray
 
         from workers.controller import generate_sharded
@@ -95,11 +125,13 @@ class BoNSweep:
                                         max_tokens=self.cfg.max_tokens, seed=self.seed * 1_000_003 + part)
                 gens = generate_sharded(workers, [item.messages for item, _ in chunk], params)
                 new = []
-                for (item, retrieved), gen in zip(chunk, gens):
+                for (item, seen), gen in zip(chunk, gens):
                     if gen.error is not None:
                         raise RuntimeError(f"rollout failed for prompt {item.prompt_id}: {gen.error}")
                     new += [{"prompt_id": item.prompt_id, "user_id": item.user_id, "subset": item.subset,
-                             "question": item.question, "retrieved": json.dumps(retrieved), "sample": i,
+                             "question": item.question, "retrieved": json.dumps(seen["retrieved"]),
+                             "history": json.dumps(seen["history"]), "rubric": json.dumps(seen["rubric"]),
+                             "narrative": seen["narrative"], "sample": i,
                              "text": s.text, "tokens": len(s.token_ids)} for i, s in enumerate(gen.samples)]
                 _write_part(folder, part, new)
                 part += 1
@@ -131,6 +163,9 @@ class BoNSweep:
                     reference = {pid: min(by_prompt[pid], key=lambda x: x["sample"])["text"] for pid in pids}
                     reqs = [RewardRequest(f"{s['prompt_id']}#{s['sample']}", s["user_id"], s["question"], s["text"],
                                           meta={"subset": s["subset"], "retrieved": json.loads(s["retrieved"]),
+                                                "history": json.loads(s.get("history") or "[]"),
+                                                "rubric": json.loads(s.get("rubric") or "[]"),
+                                                "narrative": s.get("narrative") or "",
                                                 "reference": reference[s["prompt_id"]]}) for s in samples]
                     results = rewards.score(reqs)
                     new = [{"prompt_id": s["prompt_id"], "sample": s["sample"], "score": r.score, "error": r.error}
@@ -144,8 +179,8 @@ class BoNSweep:
 
     # ------------------------------------------------------------------------------------------ run
     def run(self) -> dict[str, Any]:
-        from pr_rlhf.bon.curves import ScoredPool, curve, mlflow_metrics, plot_curves
-        from pr_rlhf.bon.validity import ndcg, spearman_rho
+        from pr_rlhf.bon.correlation import correlation_report, write_correlation_report
+        from pr_rlhf.bon.curves import ScoredPool, curve, mlflow_metrics, plot_curves, plot_reward_models
 
         prompts = load_bon_prompts(self.cfg, self.seed)
         pool = self.generate_pool(prompts)
@@ -170,19 +205,38 @@ class BoNSweep:
                                             tuple(float(quality[(pid, s["sample"])]) for s in kept)))
             curves[name] = curve(pools, self.cfg.ks, self.cfg.n_bootstrap, self.seed)
             counts[name] = {"prompts": len(pools), "downstream_unscored": dropped, "rm_unscored": unscored}
+        bench = self.benchmark_accuracies()
         report = self.write_report(curves, counts)
+        report["benchmark_accuracy"] = bench
         for name, points in curves.items():
             plot_curves(points, self.out / f"bon_{name}.png", title=f"Best-of-k: {name}")
-        report["metrics"] = {name: mlflow_metrics(points) for name, points in curves.items()}
-        names = [n for n in self.cfg.benchmark_accuracy if n in curves]
-        if len(names) >= 2:
-            top = {n: max((p for p in curves[n] if p.subset == "all"), key=lambda p: p.k).mean for n in names}
-            bench = [self.cfg.benchmark_accuracy[n] for n in names]
-            report["validity"] = {"reward_models": names, "best_of_n": [top[n] for n in names],
-                                  "spearman_rho": spearman_rho(bench, [top[n] for n in names]),
-                                  "ndcg": ndcg(bench, [top[n] for n in names])}
+        plot_reward_models(curves, self.out / "bon.png")
+        report["metrics"] = {name: mlflow_metrics(points, prefix=f"bon/{name}") for name, points in curves.items()}
         (self.out / "bon.json").write_text(json.dumps(report, indent=1, default=str))
+        corr = correlation_report([report])
+        if corr.agreements:
+            write_correlation_report(corr, self.out, title=f"Benchmark validity ({len(bench)} reward models)")
+            top = corr.agreements[-1]
+            report["validity"] = {"downstream": top.downstream, "reward_models": top.reward_models,
+                                  "spearman_rho": top.spearman_rho, "ndcg": top.ndcg_minmax}
         return report
+
+    def benchmark_accuracies(self) -> dict[str, float]:
+        """The recipe's ``benchmark_accuracy``, plus (when not given there) the pairwise accuracy of each
+        ``world_estimate`` and ``gold`` reward model (gold = the true weights) on the world's held-out pairs of the
+        sweep's user group (``estimate_accuracy``)."""
+        from pr_rlhf.world import build_world
+        from pr_rlhf.world.reference import estimate_accuracy
+
+        bench = {name: read_accuracy(value) for name, value in self.cfg.benchmark_accuracy.items()}
+        users = "cold_start" if self.cfg.prompts_from == "cold_start" else "seen"
+        for name, rcfg in self.cfg.reward_models.items():
+            if name in bench or rcfg.kind not in ("gold", "world_estimate"):
+                continue
+            predictor = "true_weights" if rcfg.kind == "gold" else rcfg.estimator
+            bench[name] = estimate_accuracy(build_world(rcfg.world), predictor, rcfg.history_pairs,
+                                            users=users).accuracy
+        return bench
 
     def write_report(self, curves: dict[str, list], counts: dict[str, dict[str, int]]) -> dict[str, Any]:
         intro = (f"Pool: n = {self.cfg.n} samples per prompt; quality = the downstream judge "

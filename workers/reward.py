@@ -4,6 +4,9 @@ plain-Python client the controller uses to score a batch of requests with them.
 Scorers (chosen by :class:`~pr_rlhf.reward.config.RewardConfig`; see :func:`build_scorer`):
 
 - ``gold``: ``World.gold_utility(response, user_id)``; an unknown user is an ``unknown_user`` error.
+- ``world_estimate``: ``w_hat . x`` with a reference predictor's estimate of the user's weights (BoN validity sets).
+- ``rubric``: the rubric judge (0/1/2 per aspect of ``meta["rubric"]``, mean / 2); a request without a rubric is an
+  error (``no_aspects``).
 - ``scalar``: :class:`~pr_rlhf.reward.scalar.ScalarRM` on (user block + question, response).
 - ``genrm`` / ``http``: a generative RM on an engine (local, or OpenAI-compatible HTTP for ``http``).
   ``sec_reference`` (default): a request carries a reference answer (``meta["reference"]``, e.g. the SFT policy's
@@ -122,6 +125,41 @@ class GoldScorer:
         return out
 
 
+class WorldEstimateScorer:
+    """A reference predictor of the synthetic world as a reward model: w_hat . x, the user's weights as the
+    predictor estimates them (once per user) times the attributes measured on the response."""
+
+    def __init__(self, cfg: RewardConfig):
+        from pr_rlhf.world import build_world
+        from pr_rlhf.world.reference import WorldPrior
+
+        self.world = build_world(cfg.world)
+        self.cfg = cfg
+        self.prior = WorldPrior.of(self.world)
+        self._weights: dict[str, Any] = {}   # user id -> weight vector
+
+    def weights(self, user_id: str) -> Any:
+        from pr_rlhf.world.reference import estimated_weights
+
+        if user_id not in self._weights:
+            self._weights[user_id] = estimated_weights(self.world, user_id, self.cfg.estimator,
+                                                       self.cfg.history_pairs, prior=self.prior)
+        return self._weights[user_id]
+
+    def score(self, requests: Sequence[RewardRequest]) -> list[Score]:
+        from pr_rlhf.world.attributes import detect_vector
+
+        out: list[Score] = []
+        for req in requests:
+            try:
+                w = self.weights(req.user_id)
+            except KeyError:
+                out.append((None, f"unknown_user: {req.user_id!r} is not a user of the world"))
+                continue
+            out.append((float(w @ detect_vector(req.response, self.world.attribute_names)), None))
+        return out
+
+
 class _ModelScorer:
     """Shared by the model-based scorers: request -> RMInput, and the optional planner."""
 
@@ -188,6 +226,8 @@ class GenRMScorer(_ModelScorer):
         self._scaler: Any = None   # built on first use (loads prototypes and an embedder when n > 0)
 
     def score(self, requests: Sequence[RewardRequest]) -> list[Score]:
+        if self.cfg.response_view == "world_compact":
+            requests = [self._compact_view(r) for r in requests]
         inputs = self.inputs(requests)
         if self.cfg.genrm_mode == "pointwise":
             from pr_rlhf.reward.pointwise import PointwiseJudge
@@ -196,6 +236,23 @@ class GenRMScorer(_ModelScorer):
             rated = judge.rate(inputs, [r.response for r in requests], self.cfg.input_mode, self.cfg.top_k_profile)
             return [(s, None) if e is None else (None, e) for s, e in rated]
         return self._sec_reference(inputs)
+
+    def _compact_view(self, req: RewardRequest) -> RewardRequest:
+        """The request with its response and reference replaced by the compact rendering of the world attributes
+        measured on them (``response_view='world_compact'``)."""
+        import dataclasses
+
+        from pr_rlhf.world.attributes import detect, render_compact
+
+        names = self.cfg.world.attribute_names
+
+        def view(text: str) -> str:
+            return render_compact(detect(text, names)) if text.strip() else text
+
+        meta = dict(req.meta or {})
+        if "reference" in meta:
+            meta["reference"] = view(str(meta["reference"] or ""))
+        return dataclasses.replace(req, response=view(req.response), meta=meta)
 
     def _sec_reference(self, inputs: list[RMInput]) -> list[Score]:
         from pr_rlhf.reward.sec import parse_sec, sec_compact_prompt, sec_prompt
@@ -246,6 +303,38 @@ class GenRMScorer(_ModelScorer):
         return out
 
 
+class RubricScorer:
+    """The downstream rubric judge on an engine: requests carry the query's rubric aspects (``meta["rubric"]``:
+    dicts with aspect, reason, evidence) and its narrative (``meta["narrative"]``)."""
+
+    def __init__(self, cfg: RewardConfig, engine: Any = None):
+        from pr_rlhf.models import make_engine
+        from pr_rlhf.models.base import SamplingParams
+        from pr_rlhf.reward.rubric_judge import RubricJudge
+
+        self._own = engine is None
+        self.engine = make_engine(cfg.judge) if engine is None else engine
+        gen = cfg.generation
+        params = SamplingParams(temperature=gen.temperature, top_p=gen.top_p, max_tokens=gen.max_tokens,
+                                seed=cfg.seed if gen.temperature > 0 else None)
+        self.judge = RubricJudge(self.engine, params=params, mode=cfg.rubric_mode)
+
+    def score(self, requests: Sequence[RewardRequest]) -> list[Score]:
+        from pr_rlhf.reward.rubric_judge import RubricAspectInput
+
+        rubrics = [[RubricAspectInput(str(a.get("aspect", "")), str(a.get("reason", "") or ""),
+                                      str(a.get("evidence", "") or "")) for a in (r.meta or {}).get("rubric") or []]
+                   for r in requests]
+        verdicts = self.judge.judge([r.question for r in requests], [r.response for r in requests], rubrics,
+                                    [str((r.meta or {}).get("narrative", "") or "") for r in requests])
+        return [(v.score, None) if v.ok else (None, f"{v.error}: {v.message}" if v.message else v.error)
+                for v in verdicts]
+
+    def close(self) -> None:
+        if self._own:
+            self.engine.close()
+
+
 def build_scaled_judge(cfg: RewardConfig, engine: Any) -> Any:
     """A ScaledJudge for a reward worker: prototypes loaded from their artifacts (for the configured embedder),
     the member users' histories from ``scaling_members``."""
@@ -270,10 +359,14 @@ def build_scaled_judge(cfg: RewardConfig, engine: Any) -> Any:
 def build_scorer(cfg: RewardConfig) -> Scorer:
     if cfg.kind == "gold":
         return GoldScorer(cfg)
+    if cfg.kind == "world_estimate":
+        return WorldEstimateScorer(cfg)
     if cfg.kind == "scalar":
         return ScalarScorer(cfg)
     if cfg.kind in ("genrm", "http"):
         return GenRMScorer(cfg)
+    if cfg.kind == "rubric":
+        return RubricScorer(cfg)
     raise ValueError(f"unknown reward kind {cfg.kind!r}")
 
 

@@ -21,6 +21,8 @@ class BoNConfig(StrictModel):
                                                                                   "cold-start users, or the test split")
     prompts: int = Field(16, ge=1, description="prompts in the sweep (a seeded sample)")
     profile_top_k: int = Field(10, ge=0, description="retrieved profile posts in the policy prompt")
+    history_pairs: int = Field(3, ge=0, description="the user's first train pairs shown to reward models that "
+                                                    "read a history (the P-GenRM's evidence)")
     n: int = Field(32, ge=1, description="samples per prompt (the pool); k runs over 1, 2, 4, ... up to n")
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(0.9, gt=0, le=1)
@@ -33,8 +35,11 @@ class BoNConfig(StrictModel):
     reward_models: dict[str, RewardConfig] = Field(
         default_factory=lambda: {"gold": RewardConfig(kind="gold")},
         description="name -> reward model whose argmax picks the best of k")
-    benchmark_accuracy: dict[str, float] = Field(
-        default_factory=dict, description="name -> the RM's benchmark accuracy (for the validity report)")
+    benchmark_accuracy: dict[str, float | str] = Field(
+        default_factory=dict, description="name -> the RM's benchmark accuracy for the validity report: a number "
+                                          "in [0, 1], or 'path/result.json:group' (a `pr-rlhf eval` / P-GenRM stage "
+                                          "result and its group, e.g. seen); world_estimate and gold RMs get theirs "
+                                          "from the world when not given")
     downstream: RewardConfig = Field(default_factory=lambda: RewardConfig(kind="gold", normalize=True),
                                      description="the downstream judge: the synthetic world's gold utility, or a "
                                                  "rubric judge through any engine")
@@ -48,6 +53,12 @@ class BoNConfig(StrictModel):
             raise ValueError("reward_models is empty: name at least one reward model")
         if self.ks is not None and (min(self.ks) < 1 or max(self.ks) > self.n):
             raise ValueError(f"ks {self.ks} must lie in 1..n={self.n}")
+        for name, value in self.benchmark_accuracy.items():
+            if isinstance(value, float) and not 0.0 <= value <= 1.0:
+                raise ValueError(f"benchmark_accuracy.{name}: {value} is not an accuracy in [0, 1]")
+            if isinstance(value, str) and not value.rpartition(":")[0].endswith(".json"):
+                raise ValueError(f"benchmark_accuracy.{name}: {value!r} is neither a number nor "
+                                 "'path/result.json:group'")
         unknown = sorted(set(self.benchmark_accuracy) - set(self.reward_models))
         if unknown:
             raise ValueError(f"benchmark_accuracy names reward models not in reward_models: {unknown}")

@@ -3,7 +3,7 @@ quality (``estimator.expected_best_of_k``) with a 95% bootstrap CI over prompts,
 plot; the rows that mlflow logs as ``bon/best_of_<k>``."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,7 +82,34 @@ def plot_curves(points: Sequence[CurvePoint], path: Path, title: str = "Best-of-
     return path
 
 
-def mlflow_metrics(points: Sequence[CurvePoint]) -> dict[str, float]:
-    """``bon/best_of_<k>`` (all prompts) and ``bon/<subset>/best_of_<k>``."""
-    return {(f"bon/best_of_{p.k}" if p.subset == "all" else f"bon/{p.subset}/best_of_{p.k}"): p.mean
+def mlflow_metrics(points: Sequence[CurvePoint], prefix: str = "bon") -> dict[str, float]:
+    """``<prefix>/best_of_<k>`` (all prompts) and ``<prefix>/<subset>/best_of_<k>`` (a sweep uses
+    ``bon/<reward model>`` so that several RMs' curves live side by side in one run)."""
+    return {(f"{prefix}/best_of_{p.k}" if p.subset == "all" else f"{prefix}/{p.subset}/best_of_{p.k}"): p.mean
             for p in points}
+
+
+def plot_reward_models(curves: Mapping[str, Sequence[CurvePoint]], path: Path,
+                       title: str = "Best-of-k by reward model") -> Path:
+    """One line (all prompts, with its CI band) per reward model on a log2 k axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for name, points in curves.items():
+        rows = sorted((p for p in points if p.subset == "all"), key=lambda p: p.k)
+        ks = [p.k for p in rows]
+        ax.plot(ks, [p.mean for p in rows], marker="o", label=name)
+        ax.fill_between(ks, [p.ci_low for p in rows], [p.ci_high for p in rows], alpha=0.1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k (samples the reward model chooses from)")
+    ax.set_ylabel("downstream quality of the pick")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -97,15 +97,21 @@ def _score(prob_chosen: np.ndarray) -> np.ndarray:
     return np.where(prob_chosen > 0.5, 1.0, np.where(prob_chosen < 0.5, 0.0, 0.5))
 
 
-def _logistic_regression_probs(history_diffs: np.ndarray, query_diffs: np.ndarray, c: float) -> np.ndarray:
+def _logistic_regression_coef(history_diffs: np.ndarray, c: float) -> np.ndarray:
+    """Per-user weights of a logistic regression on the history (zeros when there is none)."""
     if len(history_diffs) == 0:
-        return np.full(len(query_diffs), 0.5)
+        return np.zeros(history_diffs.shape[1] if history_diffs.ndim == 2 else 0)
     from sklearn.linear_model import LogisticRegression
 
     x = np.vstack([history_diffs, -history_diffs])
     y = np.r_[np.ones(len(history_diffs)), np.zeros(len(history_diffs))]
-    coef = LogisticRegression(fit_intercept=False, C=c).fit(x, y).coef_[0]
-    margins = query_diffs @ coef
+    return LogisticRegression(fit_intercept=False, C=c).fit(x, y).coef_[0]
+
+
+def _logistic_regression_probs(history_diffs: np.ndarray, query_diffs: np.ndarray, c: float) -> np.ndarray:
+    if len(history_diffs) == 0:
+        return np.full(len(query_diffs), 0.5)
+    margins = query_diffs @ _logistic_regression_coef(history_diffs, c)
     return np.where(margins > 0, 1.0, np.where(margins < 0, 0.0, 0.5))
 
 
@@ -119,6 +125,30 @@ def _predict(name: str, prior: WorldPrior, hist: np.ndarray, query: np.ndarray, 
     if name == "no_history":
         return prior.preference(hist[:0], query)
     return 0.5 + 0.5 * np.sign(query @ weights)      # true_weights
+
+
+def history_diffs(world: World, user_id: str, history_size: int) -> np.ndarray:
+    """(h, attributes) rows x_chosen - x_rejected of the user's first ``history_size`` train pairs."""
+    return np.array([p.differing for p in world.history(user_id, history_size)]).reshape(
+        -1, len(world.attribute_names))
+
+
+def estimated_weights(world: World, user_id: str, predictor: str, history_size: int = 3, *,
+                      prior: WorldPrior | None = None, lr_c: float = 10.0) -> np.ndarray:
+    """The user's weight vector as each reference predictor knows it, so that it can score single answers
+    (utility w_hat . x): ``oracle`` the posterior mean given the history (its expected utility is Bayes-optimal),
+    ``logistic_regression`` the per-user coefficients, ``no_history`` the prior mean, ``true_weights`` the truth."""
+    if predictor not in REFERENCES:
+        raise ValueError(f"unknown reference predictor {predictor!r}; known: {REFERENCES}")
+    if predictor == "true_weights":
+        return world.user(user_id).weights.astype(np.float64)
+    hist = history_diffs(world, user_id, history_size)
+    if predictor == "logistic_regression":
+        return _logistic_regression_coef(hist, lr_c)
+    prior = prior or WorldPrior.of(world)
+    if predictor == "no_history":
+        hist = hist[:0]
+    return prior.posterior_weights(hist) @ prior.samples
 
 
 def reference_scores(world: World, history_size: int = 3, *, users: UserGroup = "seen",
@@ -137,8 +167,7 @@ def reference_scores(world: World, history_size: int = 3, *, users: UserGroup = 
         held_out = [p for p in world.pairs_of(user.user_id) if p.split in splits]
         if not held_out:
             continue
-        hist = np.array([p.differing for p in world.history(user.user_id, history_size)]).reshape(-1, len(
-            world.attribute_names))
+        hist = history_diffs(world, user.user_id, history_size)
         query = np.array([p.differing for p in held_out])
         for name in predictors:
             out[name].append(_score(_predict(name, prior, hist, query, user.weights, lr_c)))
@@ -163,3 +192,26 @@ def reference_accuracies(world: World, history_size: int = 3, *, users: UserGrou
         result[name] = Estimate(float(s.mean()) if len(s) else float("nan"), lo, hi, len(s))
     world._reference_cache[key] = result
     return result
+
+
+def estimate_accuracy(world: World, predictor: str, history_size: int = 3, *, users: UserGroup = "seen",
+                      splits: tuple[str, ...] = ("val", "test"), n_boot: int = 2000,
+                      lr_c: float = 10.0) -> Estimate:
+    """Pairwise accuracy on the held-out pairs of the scorer ``w_hat . x`` (``estimated_weights``): the benchmark
+    accuracy of a ``world_estimate`` reward model. It equals the reference accuracy for ``true_weights`` and
+    ``logistic_regression``; for ``oracle`` and ``no_history`` it ranks by the posterior-mean utility, not by the
+    posterior preference probability, and may differ from the reference by a little."""
+    prior = WorldPrior.of(world)
+    scores: list[float] = []
+    for user in world.users:
+        if users != "all" and user.cold_start != (users == "cold_start"):
+            continue
+        held_out = [p for p in world.pairs_of(user.user_id) if p.split in splits]
+        if not held_out:
+            continue
+        w = estimated_weights(world, user.user_id, predictor, history_size, prior=prior, lr_c=lr_c)
+        margins = np.array([p.differing for p in held_out]) @ w
+        scores += _score(0.5 + 0.5 * np.sign(margins)).tolist()
+    s = np.asarray(scores)
+    lo, hi = bootstrap_ci(s, stream(world.config.seed, "bootstrap"), n_boot)
+    return Estimate(float(s.mean()) if len(s) else float("nan"), lo, hi, len(s))
