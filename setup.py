@@ -5,7 +5,7 @@ from setuptools import find_packages, setup
 # file keeps it, so pip never pulls a multi-GB CUDA wheel on a CPU machine.
 RUNTIME = [
     "torch>=2.6,<2.15",
-    "ray[default]>=2.40",
+    "ray[default,serve]>=2.40",
     "transformers>=4.50",
     "datasets>=3.0",
     "pyarrow>=15",

@@ -406,6 +406,49 @@ def run_bon_stage(recipe: Recipe, address: Optional[str] = None) -> dict:
     return report
 
 
+@app.command("serve-reward")
+def serve_reward(recipe: Path = typer.Argument(..., help="recipe YAML with a serve: section"),
+                 overrides: Optional[List[str]] = OverridesOpt,
+                 port: Optional[int] = typer.Option(None, help="HTTP port (default: serve.port)"),
+                 address: Optional[str] = typer.Option(None, help="Ray address (default: $RAY_ADDRESS or a local "
+                                                                  "Ray)"),
+                 detach: bool = typer.Option(False, help="return once deployed (the service stays on the cluster "
+                                                         "until `serve shutdown`)")) -> None:
+    """The personalized reward as a Ray Serve endpoint (127.0.0.1 by default): /score, /score_batch, OpenRLHF's
+    /get_reward, /health. Ctrl-C stops it."""
+    import os
+    import sys
+    import time
+
+    rec = _recipe(recipe, [*(overrides or []), *([f"serve.port={port}"] if port is not None else [])])
+    cfg = rec.serve
+    if cfg is None:
+        _fail(f"{recipe}: no serve: section (see recipes/serve_reward.yaml)")
+    if cfg.auth_token_env and not os.environ.get(cfg.auth_token_env):
+        _fail(f"serve.auth_token_env={cfg.auth_token_env!r}: that environment variable is empty; export the token "
+              "first (it is read from the environment only, never from the recipe)")
+    from ray import serve
+
+    from workers.ray_utils import init_ray
+    from workers.reward_service import deploy
+
+    init_ray(address, num_cpus=max(os.cpu_count() or 1, 2))
+    url = deploy(cfg)
+    auth = f", bearer token from ${cfg.auth_token_env}" if cfg.auth_token_env else ""
+    console.print(f"reward service ({cfg.reward.kind}, {cfg.replicas} replica(s){auth}) at {url}  "
+                  f"[POST /score, /score_batch, /get_reward; GET /health]", highlight=False)
+    sys.stdout.flush()   # seen at once when the output goes to a file or a pipe
+    if detach:
+        return
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        console.print("stopping the reward service")
+    finally:
+        serve.shutdown()
+
+
 @report_app.command("correlation")
 def report_correlation(
         runs: List[Path] = typer.Argument(..., help="`pr-rlhf bon` output directories (bon.out) or bon.json files"),

@@ -17,6 +17,7 @@ from pr_rlhf.pgenrm.config import PGenRMConfig
 from pr_rlhf.scaling.config import ScalingEvalConfig
 from pr_rlhf.bon.config import BoNConfig
 from pr_rlhf.reward.config import RewardConfig
+from pr_rlhf.serve.config import ServeConfig
 from pr_rlhf.train.rl_config import RLConfig
 from pr_rlhf.world.config import WorldConfig
 
@@ -101,6 +102,7 @@ class Recipe(StrictModel):
     pgenrm: PGenRMConfig | None = Field(None, description="P-GenRM training stages: `pr-rlhf pgenrm`")
     scaling: ScalingEvalConfig | None = Field(None, description="test-time scaling grid: `pr-rlhf scaling`")
     bon: BoNConfig | None = Field(None, description="Best-of-N sweep: `pr-rlhf bon`")
+    serve: ServeConfig | None = Field(None, description="the reward service: `pr-rlhf serve-reward`")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
 

@@ -78,6 +78,19 @@ class RewardResult:
     attempt: int             # 1 for the first send of the request
 
 
+@dataclass
+class Evaluation:
+    """A scorer's full answer for one request (``GenRMScorer.evaluate``): the scores (the response's first; in
+    ``sec_reference`` mode the reference's second), or the failure's kind; the chain's persona and weighted
+    rubric, and the planner's aspects, when there are any."""
+
+    scores: tuple[float, ...] | None
+    error: str | None = None
+    persona: str | None = None
+    rubric: list[dict] | None = None
+    plan: list[str] | None = None
+
+
 class Scorer(Protocol):
     def score(self, requests: Sequence[RewardRequest]) -> list[Score]:
         """One (score, error) per request, in order. Raise only for failures of the whole call."""
@@ -96,7 +109,8 @@ def rm_input(req: RewardRequest) -> RMInput:
                    context=[dict(t) for t in meta.get("context") or []],
                    retrieved=[dict(t) for t in meta.get("retrieved") or []],
                    history=[dict(t) for t in meta.get("history") or []],
-                   stated_preferences=str(meta.get("stated_preferences", "") or ""))
+                   stated_preferences=str(meta.get("stated_preferences", "") or ""),
+                   plan=[str(a) for a in meta["plan"]] if meta.get("plan") is not None else None)
 
 
 class GoldScorer:
@@ -171,6 +185,7 @@ class _ModelScorer:
         self.params = SamplingParams(temperature=gen.temperature, top_p=gen.top_p, max_tokens=gen.max_tokens,
                                      seed=cfg.seed if gen.temperature > 0 else None)
         self.planner = None
+        self.plans_computed = 0     # planner calls made (one per distinct user/question/profile in a batch)
         self._own_engines: list[Any] = []
         if cfg.planner is not None:
             from pr_rlhf.models import make_engine
@@ -183,12 +198,27 @@ class _ModelScorer:
             self.planner = Planner(engine, params=self.params, max_aspects=cfg.planner_max_aspects)
 
     def inputs(self, requests: Sequence[RewardRequest]) -> list[RMInput]:
+        """RM inputs; with a planner, ONE plan per distinct (user, question, profile) in the batch (a group of
+        responses to one prompt shares its rubric), and a plan given with the request (``meta["plan"]``) is
+        used as is."""
         inputs = [rm_input(r) for r in requests]
-        if self.planner is not None:
-            from pr_rlhf.reward.inputs import with_plans
+        if self.planner is None:
+            return inputs
+        import dataclasses
+        import json
 
-            inputs = with_plans(inputs, self.planner.plan(inputs, self.cfg.top_k_profile))  # failed plan: []
-        return inputs
+        def key(inp: RMInput) -> str:
+            return json.dumps([inp.user_id, inp.question, inp.retrieved[:self.cfg.top_k_profile]], sort_keys=True,
+                              default=str)
+
+        todo: dict[str, RMInput] = {}
+        for inp in inputs:
+            if inp.plan is None:
+                todo.setdefault(key(inp), inp)
+        planned = self.planner.plan(list(todo.values()), self.cfg.top_k_profile) if todo else []
+        plans = {k: list(getattr(p, "aspects", p) or []) for k, p in zip(todo, planned)}   # failed plan: []
+        self.plans_computed += len(plans)
+        return [inp if inp.plan is not None else dataclasses.replace(inp, plan=plans[key(inp)]) for inp in inputs]
 
     def close(self) -> None:
         for engine in self._own_engines:
@@ -226,6 +256,11 @@ class GenRMScorer(_ModelScorer):
         self._scaler: Any = None   # built on first use (loads prototypes and an embedder when n > 0)
 
     def score(self, requests: Sequence[RewardRequest]) -> list[Score]:
+        return [(e.scores[0], None) if e.scores is not None else (None, e.error) for e in self.evaluate(requests)]
+
+    def evaluate(self, requests: Sequence[RewardRequest]) -> list[Evaluation]:
+        """What the GenRM concluded per request: the response's score (and, in ``sec_reference`` mode, the
+        reference's: slot response_2), the chain's persona and weighted rubric, or the failure's kind."""
         if self.cfg.response_view == "world_compact":
             requests = [self._compact_view(r) for r in requests]
         inputs = self.inputs(requests)
@@ -234,7 +269,8 @@ class GenRMScorer(_ModelScorer):
 
             judge = PointwiseJudge(self.engine, params=self.params)
             rated = judge.rate(inputs, [r.response for r in requests], self.cfg.input_mode, self.cfg.top_k_profile)
-            return [(s, None) if e is None else (None, e) for s, e in rated]
+            return [Evaluation((s,), None, plan=inp.plan) if e is None else Evaluation(None, e, plan=inp.plan)
+                    for (s, e), inp in zip(rated, inputs)]
         return self._sec_reference(inputs)
 
     def _compact_view(self, req: RewardRequest) -> RewardRequest:
@@ -254,19 +290,19 @@ class GenRMScorer(_ModelScorer):
             meta["reference"] = view(str(meta["reference"] or ""))
         return dataclasses.replace(req, response=view(req.response), meta=meta)
 
-    def _sec_reference(self, inputs: list[RMInput]) -> list[Score]:
+    def _sec_reference(self, inputs: list[RMInput]) -> list[Evaluation]:
         from pr_rlhf.reward.sec import parse_sec, sec_compact_prompt, sec_prompt
 
-        out: list[Score | None] = [None] * len(inputs)
+        out: list[Evaluation | None] = [None] * len(inputs)
         todo = []
         for i, inp in enumerate(inputs):
             if inp.rejected.strip():
                 todo.append(i)
             else:
-                out[i] = (None, "missing_reference: sec_reference needs meta['reference']")
+                out[i] = Evaluation(None, "missing_reference: sec_reference needs meta['reference']")
         if self.cfg.scaling is not None and self.cfg.scaling.enabled:
-            for i, score in zip(todo, self._scaled([inputs[i] for i in todo])):
-                out[i] = score
+            for i, evaluation in zip(todo, self._scaled([inputs[i] for i in todo])):
+                out[i] = evaluation
             return out  # type: ignore[return-value]
         prompts = [sec_compact_prompt(inputs[i], inputs[i].chosen, inputs[i].rejected)
                    if self.cfg.sec_format == "sec_compact" else
@@ -277,16 +313,22 @@ class GenRMScorer(_ModelScorer):
         if len(generations) != len(todo):
             raise RuntimeError(f"engine returned {len(generations)} generations for {len(todo)} prompts")
         for i, gen in zip(todo, generations):
+            plan = inputs[i].plan
             if gen.error is not None:
-                out[i] = (None, f"engine_error: {gen.error}")
+                out[i] = Evaluation(None, f"engine_error: {gen.error}", plan=plan)
             elif not gen.samples:
-                out[i] = (None, "empty")
+                out[i] = Evaluation(None, "empty", plan=plan)
             else:
                 parsed = parse_sec(gen.samples[0].text)
-                out[i] = (parsed.value.final["response_1"], None) if parsed.ok else (None, parsed.error)
+                if parsed.ok:
+                    sec = parsed.value
+                    out[i] = Evaluation((sec.final["response_1"], sec.final["response_2"]), None, sec.persona,
+                                        [{"name": c.name, "weight": c.weight} for c in sec.criteria], plan)
+                else:
+                    out[i] = Evaluation(None, parsed.error, plan=plan)
         return out  # type: ignore[return-value]
 
-    def _scaled(self, inputs: list[RMInput]) -> list[Score]:
+    def _scaled(self, inputs: list[RMInput]) -> list[Evaluation]:
         """The response's (slot response_1) fused score over m chains and n neighbours (scaling.scorer)."""
         from pr_rlhf.scaling.scorer import decide
 
@@ -297,9 +339,9 @@ class GenRMScorer(_ModelScorer):
         out: list[Score] = []
         for ev in evidence:
             d = decide(ev, scaling.m, scaling.n, scaling.self_weight, scaling.neighbour_weight)
-            out.append((d.scores[0], None) if d.scores is not None else
-                       (None, "no_valid_chain: " + ", ".join(f"{k} x{v}" for k, v in
-                                                            (ev.greedy.failures + ev.samples.failures).items())))
+            out.append(Evaluation(tuple(d.scores), None) if d.scores is not None else
+                       Evaluation(None, "no_valid_chain: " + ", ".join(
+                           f"{k} x{v}" for k, v in (ev.greedy.failures + ev.samples.failures).items())))
         return out
 
 

@@ -1,0 +1,83 @@
+"""verl custom reward function: the personalized reward from the pr_rlhf reward service.
+
+verl (``custom_reward_function.path=pr_rlhf/integrations/verl.py``, ``custom_reward_function.name=compute_score``)
+calls ``compute_score(data_source=..., solution_str=..., ground_truth=..., extra_info=...)`` once per response.
+This sends (user, query, response, profile / history / plan) to ``POST /score`` of ``pr-rlhf serve-reward`` and
+returns ``{"score": float, "reward_status": str, "reward_latency_ms": float}`` (verl logs the extra keys).
+
+Where things come from:
+- the service URL: ``extra_info["reward_url"]``, else ``$PR_RLHF_REWARD_URL`` (default http://127.0.0.1:8000);
+- the user: ``extra_info["user_id"]`` (required), the query: ``extra_info["query"]`` (else ``ground_truth``);
+  optional ``profile``, ``history``, ``plan``, ``reference``, ``stated_preferences``, ``subset``;
+- a bearer token: ``$PR_RLHF_REWARD_TOKEN`` when set (never logged).
+
+Transient failures (connection errors, 5xx, 429) are retried ``$PR_RLHF_REWARD_RETRIES`` times (default 3) with
+backoff; after that, or on a 4xx or an unscored response, the score is ``$PR_RLHF_REWARD_FAILURE`` (default 0.0)
+and ``reward_status`` says why, so a failed reward is visible in verl's logs instead of silently neutral.
+Standard library only: verl's workers need nothing else installed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+_FORWARDED = ("profile", "history", "plan", "reference", "stated_preferences", "subset")
+
+
+def _request_body(solution_str: str, ground_truth: Any, extra: dict) -> dict:
+    if not extra.get("user_id"):
+        raise ValueError("extra_info['user_id'] is required (the user whose reward this is)")
+    query = extra.get("query") or (ground_truth if isinstance(ground_truth, str) else "")
+    if not query:
+        raise ValueError("extra_info['query'] (or a string ground_truth) is required")
+    body = {"user_id": str(extra["user_id"]), "query": str(query), "response": solution_str}
+    body.update({k: extra[k] for k in _FORWARDED if extra.get(k) is not None})
+    return body
+
+
+def _post(url: str, body: dict, timeout_s: float) -> dict:
+    headers = {"Content-Type": "application/json"}
+    token = os.environ.get("PR_RLHF_REWARD_TOKEN")
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return json.loads(response.read())
+
+
+def compute_score(data_source: Any = None, solution_str: str = "", ground_truth: Any = None,
+                  extra_info: dict | None = None, **_: Any) -> dict:
+    """verl's reward function signature; see the module docstring."""
+    extra = dict(extra_info or {})
+    failure = float(os.environ.get("PR_RLHF_REWARD_FAILURE", "0.0"))
+    retries = int(os.environ.get("PR_RLHF_REWARD_RETRIES", "3"))
+    timeout_s = float(os.environ.get("PR_RLHF_REWARD_TIMEOUT", "120"))
+    base = str(extra.get("reward_url") or os.environ.get("PR_RLHF_REWARD_URL", "http://127.0.0.1:8000"))
+    try:
+        body = _request_body(solution_str, ground_truth, extra)
+    except ValueError as exc:
+        return {"score": failure, "reward_status": f"bad_input: {exc}", "reward_latency_ms": 0.0}
+    status = "unreachable"
+    for attempt in range(retries + 1):
+        try:
+            result = _post(base.rstrip("/") + "/score", body, timeout_s)
+            if result.get("score") is None:
+                return {"score": failure, "reward_status": f"unscored: {result.get('status')}",
+                        "reward_latency_ms": float(result.get("latency_ms", 0.0))}
+            return {"score": float(result["score"]), "reward_status": "ok",
+                    "reward_latency_ms": float(result.get("latency_ms", 0.0))}
+        except urllib.error.HTTPError as exc:
+            status = f"http_{exc.code}"
+            if exc.code < 500 and exc.code != 429:     # the request itself is wrong: retrying cannot help
+                detail = exc.read().decode(errors="replace")[:300]
+                return {"score": failure, "reward_status": f"{status}: {detail}", "reward_latency_ms": 0.0}
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
+            status = f"unreachable: {type(exc).__name__}"
+        if attempt < retries:
+            time.sleep(min(0.2 * 2 ** attempt, 5.0))
+    return {"score": failure, "reward_status": f"gave_up after {retries + 1} tries: {status}",
+            "reward_latency_ms": 0.0}

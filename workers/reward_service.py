@@ -1,0 +1,180 @@
+"""The personalized reward as a Ray Serve application: any scorer of ``workers/reward.py`` (planner + P-GenRM with
+optional test-time scaling, scalar RM, rubric / HTTP judge, gold) behind a FastAPI ingress.
+
+Routes (schema in ``pr_rlhf.serve.schema``):
+- ``GET /health``: 200 when the replica's scorer is loaded (no auth: load balancers probe it).
+- ``GET /info``: what the replica hosts (kind, model, batching; never the token).
+- ``POST /score``: one item -> ScoreResult; ``POST /score_batch``: ``{"items": [...]}`` -> ``{"results": [...]}``.
+- ``POST /get_reward``: OpenRLHF's remote reward model (``--remote_rm_url http://HOST:PORT/get_reward``).
+
+Concurrent requests are merged by ``@serve.batch`` into one scorer call (up to ``max_batch_size``, waiting at most
+``batch_wait_timeout_s``); inside a call the planner runs once per distinct (user, query, profile) and the engine
+sees the whole batch. A malformed request gets 422 naming the field; a request without the bearer token (when
+``auth_token_env`` is set) 401; a scorer that raises a 500 naming the failure; a request not scored within
+``request_timeout_s`` a 504. A parse failure of the model's output is not a server error: 200, ``score: null``,
+``status`` the failure's kind; an engine failure (the model backend itself) is a 502 on ``/score`` and
+``/get_reward`` and a per-item status in ``/score_batch``.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+import time
+from typing import Any
+
+from fastapi import FastAPI, Header, HTTPException
+from ray import serve
+
+from pr_rlhf.serve.config import ServeConfig
+from pr_rlhf.serve.schema import OpenRLHFRequest, ScoreBatch, ScoreItem, ScoreResult
+
+app = FastAPI(title="pr_rlhf personalized reward")
+
+
+def _evaluate(scorer: Any, items: list[ScoreItem]) -> list[ScoreResult]:
+    """One scorer call for the whole batch. A pair becomes one request for a GenRM comparing against a reference
+    (both scores from one chain), two requests otherwise."""
+    from workers.reward import Evaluation, RewardRequest
+
+    chains = hasattr(scorer, "evaluate") and getattr(scorer.cfg, "genrm_mode", "") == "sec_reference"
+    requests, owners = [], []
+    for i, item in enumerate(items):
+        meta = item.meta()
+        if item.responses is not None and not chains:
+            meta.pop("reference", None)
+            for j, text in enumerate(item.responses):
+                requests.append(RewardRequest(f"{i}.{j}", item.user_id, item.query, text, meta))
+                owners.append((i, j))
+        else:
+            requests.append(RewardRequest(str(i), item.user_id, item.query, item.target, meta))
+            owners.append((i, 0))
+    if hasattr(scorer, "evaluate"):
+        evaluations = scorer.evaluate(requests)
+    else:
+        evaluations = [Evaluation((s,), None) if s is not None else Evaluation(None, e)
+                       for s, e in scorer.score(requests)]
+    parts: dict[int, list[Any]] = {}
+    for (i, _), ev in zip(owners, evaluations):
+        parts.setdefault(i, []).append(ev)
+    results = []
+    for i, item in enumerate(items):
+        evs = parts[i]
+        failed = next((e for e in evs if e.scores is None), None)
+        if failed is not None:
+            kind = str(failed.error or "unscored").split(":", 1)[0]
+            results.append(ScoreResult(status=kind, error=failed.error, plan=evs[0].plan))
+            continue
+        # a pair scored as two requests: each one's own score; one request: all its scores (a GenRM's chain
+        # scores the response and the reference or the pair's second response)
+        scores = [float(e.scores[0]) for e in evs] if len(evs) > 1 else [float(x) for x in evs[0].scores]
+        results.append(ScoreResult(score=scores[0], scores=scores, persona=evs[0].persona, rubric=evs[0].rubric,
+                                   plan=evs[0].plan))
+    return results
+
+
+@serve.deployment
+@serve.ingress(app)
+class RewardService:
+    def __init__(self, cfg: dict):
+        from workers.reward import build_scorer
+
+        self.cfg = ServeConfig.model_validate(cfg)
+        self.token: str | None = None
+        if self.cfg.auth_token_env:
+            self.token = os.environ.get(self.cfg.auth_token_env) or None
+            if self.token is None:
+                raise RuntimeError(f"auth_token_env={self.cfg.auth_token_env!r} is set but that variable is empty "
+                                   "in the replica's environment")
+        self.scorer = build_scorer(self.cfg.reward)
+        self.replica = serve.get_replica_context().replica_id.unique_id
+        self._score.set_max_batch_size(self.cfg.max_batch_size)
+        self._score.set_batch_wait_timeout_s(self.cfg.batch_wait_timeout_s)
+        self.batches = 0
+        self.items = 0
+
+    def _check_auth(self, authorization: str | None) -> None:
+        if self.token is None:
+            return
+        given = (authorization or "").removeprefix("Bearer ").strip()
+        if not given or not hmac.compare_digest(given.encode(), self.token.encode()):
+            raise HTTPException(status_code=401, detail="missing or wrong bearer token",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
+    async def _score(self, items: list[ScoreItem]) -> list[ScoreResult]:
+        self.batches += 1
+        self.items += len(items)
+        return await asyncio.to_thread(_evaluate, self.scorer, items)   # the event loop keeps taking requests
+
+    async def _score_many(self, items: list[ScoreItem]) -> list[ScoreResult]:
+        if len(items) > self.cfg.max_pairs_per_request:
+            raise HTTPException(status_code=413, detail=f"{len(items)} items; at most "
+                                                        f"{self.cfg.max_pairs_per_request} per request")
+        start = time.perf_counter()
+        try:
+            results = await asyncio.wait_for(asyncio.gather(*(self._score(it) for it in items)),
+                                             timeout=self.cfg.request_timeout_s)
+        except asyncio.TimeoutError:
+            raise HTTPException(status_code=504, detail=f"not scored within {self.cfg.request_timeout_s} s") from None
+        except HTTPException:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the scorer failed: a clear 500, never a hang
+            raise HTTPException(status_code=500, detail=f"scorer failed: {type(exc).__name__}: {exc}"[:500]) from None
+        latency = 1000 * (time.perf_counter() - start)
+        return [r.model_copy(update={"latency_ms": latency, "replica": self.replica}) for r in results]
+
+    @app.get("/health")
+    async def health(self) -> dict:
+        return {"status": "ok", "replica": self.replica}
+
+    @app.get("/info")
+    async def info(self, authorization: str | None = Header(None)) -> dict:
+        self._check_auth(authorization)
+        reward = self.cfg.reward
+        return {"kind": reward.kind, "judge": reward.judge.model if reward.kind in ("genrm", "http", "rubric")
+                else None, "replica": self.replica, "max_batch_size": self.cfg.max_batch_size,
+                "batches": self.batches, "items": self.items,
+                "plans_computed": getattr(self.scorer, "plans_computed", 0), "auth": self.token is not None}
+
+    @app.post("/score")
+    async def score(self, item: ScoreItem, authorization: str | None = Header(None)) -> ScoreResult:
+        self._check_auth(authorization)
+        result = (await self._score_many([item]))[0]
+        if result.status == "engine_error":   # the model backend failed (not its output): a server error
+            raise HTTPException(status_code=502, detail=f"the reward model's engine failed: {result.error}"[:500])
+        return result
+
+    @app.post("/score_batch")
+    async def score_batch(self, batch: ScoreBatch, authorization: str | None = Header(None)) -> dict:
+        self._check_auth(authorization)
+        return {"results": await self._score_many(batch.items)}
+
+    @app.post("/get_reward")
+    async def get_reward(self, body: OpenRLHFRequest, authorization: str | None = Header(None)) -> dict:
+        self._check_auth(authorization)
+        try:
+            items = body.items()
+        except ValueError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from None
+        results = await self._score_many(items)
+        failed = [i for i, r in enumerate(results) if r.score is None]
+        if failed:   # a trainer cannot take a missing reward: say which and why
+            first = results[failed[0]]
+            raise HTTPException(status_code=502, detail=f"{len(failed)} of {len(results)} unscored (first: "
+                                                        f"query[{failed[0]}]: {first.status}: {first.error})")
+        rewards = [r.score for r in results]
+        return {"rewards": rewards, "scores": rewards,
+                "extra_logs": {"latency_ms": [r.latency_ms for r in results]}}
+
+
+def deploy(cfg: ServeConfig, *, blocking: bool = False) -> str:
+    """Start Serve's HTTP proxy on ``cfg.host:cfg.port`` and deploy the service (Ray must be initialized);
+    returns the base URL."""
+    serve.start(http_options={"host": cfg.host, "port": cfg.port, "request_timeout_s": cfg.request_timeout_s + 30})
+    application = RewardService.options(
+        num_replicas=cfg.replicas, max_ongoing_requests=cfg.max_ongoing_requests,
+        ray_actor_options={"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus},
+    ).bind(cfg.model_dump())
+    serve.run(application, name=cfg.name, route_prefix=cfg.route_prefix, blocking=blocking)
+    return f"http://{cfg.host}:{cfg.port}{cfg.route_prefix.rstrip('/')}"
