@@ -132,6 +132,23 @@ def print_reference_table(refs: dict, title: str) -> None:
     console.print(table)
 
 
+@data_app.command("export-verl")
+def data_export_verl(shards: Path = typer.Option(..., help="shard directory (`pr-rlhf data build`)"),
+                     out: Path = typer.Option(..., "--out", "-o", help="where train.parquet / test.parquet go"),
+                     top_k: int = typer.Option(10, help="profile posts in each prompt and in extra_info")) -> None:
+    """Shards -> verl's RL parquet (prompt messages; user id, query and profile in extra_info for
+    pr_rlhf.integrations.verl.compute_score)."""
+    from data_pipelines.verl_export import export_verl
+
+    try:
+        counts = export_verl(shards, out, top_k)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+        raise
+    console.print(f"wrote {out}/train.parquet ({counts['train']} rows), {out}/test.parquet ({counts['test']} rows)",
+                  highlight=False)
+
+
 @data_app.command("inspect")
 def data_inspect(directory: Path = typer.Argument(..., help="shard directory"),
                  verify: bool = typer.Option(True, help="check content hashes"),

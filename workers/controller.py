@@ -21,8 +21,7 @@ from pr_rlhf.algos import ADVANTAGE_ESTIMATORS, apply_kl_to_rewards, kl_penalty
 from pr_rlhf.config import Recipe, dump_recipe
 from pr_rlhf.eval.metrics import accuracy_ci
 from pr_rlhf.models.base import SamplingParams
-from pr_rlhf.prompts import chat
-from pr_rlhf.reward.inputs import plan_block, profile_block
+from pr_rlhf.reward.inputs import policy_messages
 from pr_rlhf.shards import ShardReader
 from pr_rlhf.tracking import make_tracker
 from pr_rlhf.train.rl_config import RLConfig, RLDataConfig
@@ -47,12 +46,6 @@ class RLResult:
     history: list[dict] = field(default_factory=list)     # one dict of metrics per step
     evals: list[dict] = field(default_factory=list)       # held-out evaluations (step, reward mean)
     resumed_from: int = 0
-
-
-def policy_messages(question: str, retrieved: list[dict], top_k: int, plan: list[str] | None = None) -> list:
-    """The policy's chat prompt: the question, the user's top-k posts (top_k > 0) and the plan's aspects."""
-    return chat("policy", profile_block=profile_block(retrieved, top_k) if top_k > 0 else "",
-                plan_block=plan_block(plan or []), question=question)
 
 
 def query_plans(reader: ShardReader, data: RLDataConfig) -> dict[str, list[str]]:

@@ -36,6 +36,9 @@ def _request_body(solution_str: str, ground_truth: Any, extra: dict) -> dict:
         raise ValueError("extra_info['query'] (or a string ground_truth) is required")
     body = {"user_id": str(extra["user_id"]), "query": str(query), "response": solution_str}
     body.update({k: extra[k] for k in _FORWARDED if extra.get(k) is not None})
+    if body.get("profile"):   # only the fields the service takes (retrieval rows also carry a score)
+        body["profile"] = [{"text": str(p.get("text", "")), "id": str(p.get("id", "")),
+                            "category": str(p.get("category", "") or "")} for p in body["profile"]]
     return body
 
 

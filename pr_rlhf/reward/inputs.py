@@ -165,6 +165,16 @@ def plan_block(aspects: Sequence[str]) -> str:
     return fragment("user_blocks", "plan", aspects="\n".join(f"{i}. {a}" for i, a in enumerate(aspects, 1)))
 
 
+def policy_messages(question: str, retrieved: Sequence[Mapping[str, Any]], top_k: int,
+                    plan: Sequence[str] | None = None) -> list[dict]:
+    """The policy's chat prompt: the question, the user's top-k posts (top_k > 0) and the plan's aspects (RL
+    rollouts, Best-of-N pools, the verl export)."""
+    from pr_rlhf.prompts import chat
+
+    return chat("policy", profile_block=profile_block(retrieved, top_k) if top_k > 0 else "",
+                plan_block=plan_block(plan or []), question=question)
+
+
 def with_plans(inputs: Sequence[RMInput], plans: Sequence[Any]) -> list[RMInput]:
     """Copies of ``inputs`` carrying each planner result's aspects (a failed plan attaches an empty list)."""
     from dataclasses import replace
