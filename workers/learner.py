@@ -383,6 +383,19 @@ class _UpdateLog:
         self.skipped += int(not stepped)
 
 
+def pick_attn_implementation(requested: str, device_type: str, dtype: Any) -> str:
+    """The attention kernel to load a model with: ``requested`` unless "auto"; "auto" takes flash_attention_2 on
+    CUDA in 16-bit when flash-attn is importable (it supports nothing else), otherwise sdpa."""
+    if requested != "auto":
+        return requested
+    if device_type == "cuda" and str(dtype).endswith(("bfloat16", "float16")):
+        import importlib.util
+
+        if importlib.util.find_spec("flash_attn") is not None:
+            return "flash_attention_2"
+    return "sdpa"
+
+
 class LearnerWorker:
     """One learner rank. Use through ``LearnerGroup`` (Ray); a single-rank worker also runs in-process:
     ``w = LearnerWorker(cfg); w.setup()``.
@@ -493,10 +506,13 @@ class LearnerWorker:
                 "optimizer_steps": self.optimizer_steps, "setup_time_s": getattr(self, "setup_time_s", None),
                 "pid": os.getpid(), "node_id": self.node_endpoint()[2]}
 
+    def _attn(self, dtype: torch.dtype) -> str:
+        return pick_attn_implementation(self.config.attn_implementation, self.device.type, dtype)
+
     def _load_causal_lm(self, dtype: torch.dtype, trainable: bool) -> nn.Module:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype, attn_implementation=self._attn(dtype))
         self._hf_config = model.config
         _no_dropout(model)
         if trainable:
@@ -510,7 +526,8 @@ class LearnerWorker:
     def _load_critic(self) -> nn.Module:
         from transformers import AutoModel
 
-        backbone = AutoModel.from_pretrained(self.model_dir, dtype=torch.float32, attn_implementation="sdpa")
+        backbone = AutoModel.from_pretrained(self.model_dir, dtype=torch.float32,
+                                             attn_implementation=self._attn(torch.float32))
         _no_dropout(backbone)
         if self.config.gradient_checkpointing:
             backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -1175,11 +1192,13 @@ class LearnerGroup:
         cfg = self.config
         self.world_size = cfg.world_size
         use_gpu = cfg.device == "cuda" or (cfg.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
-        bundle = {"CPU": cfg.num_cpus_per_worker, **({"GPU": 1.0} if use_gpu else {}), **cfg.resources}
+        bundle = {"CPU": cfg.num_cpus_per_worker, **({"GPU": cfg.num_gpus_per_worker} if use_gpu else {}),
+                  **cfg.resources}
         self._pg = reserve_bundles([dict(bundle) for _ in range(self.world_size)], cfg.placement_strategy,
                                    "learner", ready_timeout_s)
         remote_cls = ray.remote(LearnerWorker)
-        options: dict[str, Any] = {"num_cpus": cfg.num_cpus_per_worker, "num_gpus": 1.0 if use_gpu else 0}
+        options: dict[str, Any] = {"num_cpus": cfg.num_cpus_per_worker,
+                                   "num_gpus": cfg.num_gpus_per_worker if use_gpu else 0}
         if runtime_env:
             options["runtime_env"] = runtime_env
         self.workers = [

@@ -363,6 +363,7 @@ class PGenRMPipeline:
                           learner=learner.config)
         engine = self.cfg.rollout.model_copy(update={"model": start, "seed": self.recipe.seed})
         rollouts = [spawn_rollout_worker(engine, num_cpus=self.cfg.rollout_num_cpus,
+                                         num_gpus=self.cfg.rollout_num_gpus,
                                          env={"OMP_NUM_THREADS": str(self.cfg.torch_threads)})
                     for _ in range(self.cfg.rollout_workers)]
         try:

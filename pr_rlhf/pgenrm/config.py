@@ -123,6 +123,7 @@ class PGenRMConfig(StrictModel):
     rollout: EngineConfig = Field(default_factory=lambda: EngineConfig(backend="hf", model="tiny-genrm"))
     rollout_workers: int = Field(1, ge=1)
     rollout_num_cpus: float = Field(1.0, gt=0)
+    rollout_num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per rollout worker (a vLLM rollout on GPU)")
     torch_threads: int = Field(2, ge=1, description="CPU threads of each learner rank, rollout worker and "
                                                     "evaluation (Ray would give a 1-CPU actor one thread)")
     psi: PSIConfig = Field(default_factory=PSIConfig)

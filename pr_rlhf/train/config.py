@@ -65,6 +65,10 @@ class LearnerConfig(StrictModel):
     zero_stage: int = Field(2, ge=1, le=3, description="ZeRO stage (strategy 'deepspeed' only)")
     num_cpus_per_worker: float = Field(0.5, gt=0, description="Ray CPU resources per rank (fractional lets two "
                                                               "ranks fit a 2-core machine)")
+    num_gpus_per_worker: float = Field(1.0, gt=0, le=1, description="GPU share of a rank on GPU (0.5 lets a rank "
+                                                                     "and a rollout worker share one GPU)")
+    attn_implementation: Literal["auto", "sdpa", "flash_attention_2", "eager"] = Field(
+        "auto", description="'auto': flash_attention_2 on CUDA when flash-attn is installed, else sdpa")
     resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources per rank (in its "
                                                                          "placement-group bundle), e.g. "
                                                                          "{learner_host: 1} pins ranks to the "
