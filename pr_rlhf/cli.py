@@ -513,36 +513,90 @@ def report_ablation(run_dir: Path = typer.Argument(..., help="a `pr-rlhf pgenrm`
 def quickstart(out: Path = typer.Option(Path("runs/quickstart"), "--out", "-o", help="run directory"),
                recipe: Path = typer.Option(Path("recipes/quickstart.yaml"), "--recipe", "-r"),
                overrides: Optional[List[str]] = OverridesOpt) -> None:
-    """The main job on the embedded default (local, CPU, no network): the synthetic persona world's shards,
-    every reward-model evaluation mode on them with the tiny models, then GRPO with personalized rewards."""
-    placed = [f"data.out={json.dumps(str(out / 'data'))}", f"eval.shards={json.dumps(str(out / 'data'))}",
-              f"eval.out={json.dumps(str(out / 'eval'))}"]
+    """The main job on the embedded default (local Ray, CPU, no network): the synthetic world's shards, every
+    reward-model evaluation mode, the P-GenRM stages (briefly), test-time scaling and Best-of-N with the shipped
+    P-GenRM, GRPO with personalized rewards; a summary table, plots and mlflow runs under --out."""
+    import time
+
+    from rich.table import Table
+
+    from pr_rlhf.peak_memory import PeakRSS
+
+    q = lambda v: json.dumps(str(v))  # noqa: E731 - a YAML-safe override value
+    placed = [f"data.out={q(out / 'data')}", f"eval.shards={q(out / 'data')}", f"eval.out={q(out / 'eval')}"]
     source = recipe if recipe.exists() else None
     resolved = _recipe(source, placed + list(overrides or []))
-    if resolved.train is not None:  # placing train.* on a recipe without RL would conjure a default RL stage
-        placed += [f"train.out={json.dumps(str(out / 'rl'))}", f"train.data.shards={json.dumps(str(out / 'rl_world'))}"]
-        resolved = _recipe(source, placed + list(overrides or []))
+    # place every later stage that the recipe has under --out (placing one it lacks would conjure a default)
+    world_shards = out / "pgenrm" / "data"
+    later = {"train": [f"train.out={q(out / 'rl')}", f"train.data.shards={q(out / 'rl_world')}"],
+             "pgenrm": [f"pgenrm.out={q(out / 'pgenrm')}", f"pgenrm.shards={q(world_shards)}"],
+             "scaling": [f"scaling.out={q(out / 'scaling')}", f"scaling.shards={q(world_shards)}"],
+             "bon": [f"bon.out={q(out / 'bon')}", f"bon.shards={q(world_shards)}"]}
+    placed += [o for section, opts in later.items() if getattr(resolved, section) is not None for o in opts]
+    resolved = _recipe(source, placed + list(overrides or []))
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipe.yaml").write_text(dump_recipe(resolved))
-    console.rule(f"[bold]pr-rlhf quickstart[/] -> {out}")
-    console.rule("1. data: the synthetic persona world -> Arrow shards")
-    report = run_data_build(resolved.data, resolved)
-    print_build_report(report)
-    console.rule("2. reward models on held-out pairs (base models: untrained, expect ~50% or parse failures)")
-    result = run_eval_stage(resolved)
-    rl = None
-    if resolved.train is not None:
-        console.rule("3. GRPO with personalized rewards (tiny policy; held-out = cold-start users)")
-        rl = run_train_stage(resolved)
+    summary: list[tuple[str, str, float]] = []
+    with PeakRSS() as memory:
+        start = time.perf_counter()
+
+        def done(stage: str, result: str, since: float) -> None:
+            summary.append((stage, result, time.perf_counter() - since))
+
+        console.rule(f"[bold]pr-rlhf quickstart[/] -> {out}")
+        console.rule("1. data: the synthetic persona world -> Arrow shards")
+        t = time.perf_counter()
+        report = run_data_build(resolved.data, resolved)
+        print_build_report(report)
+        done("data", f"{report.out_dir}", t)
+        console.rule("2. reward models on held-out pairs (base models: untrained, expect ~50% or parse failures)")
+        t = time.perf_counter()
+        result = run_eval_stage(resolved)
+        done("evaluation (untrained floor)", f"{result.run_dir}/report.md", t)
+        if resolved.pgenrm is not None:
+            console.rule("3. P-GenRM: PSI -> CRE -> curriculum, briefly (a useful GenRM needs ~30 min of PSI: the "
+                         "next stages use the shipped one)")
+            t = time.perf_counter()
+            stages = run_pgenrm_stage(resolved)
+            last = stages[resolved.pgenrm.stages[-1]]
+            done("P-GenRM stages (brief)", f"{resolved.pgenrm.stages[-1]}: seen "
+                 f"{100 * last['seen']['summary']['accuracy']:.1f}%, cold {100 * last['cold']['summary']['accuracy']:.1f}%"
+                 f" ({resolved.pgenrm.psi.steps} PSI steps)", t)
+        if resolved.scaling is not None:
+            console.rule(f"4. test-time scaling of the shipped P-GenRM ({resolved.scaling.model})")
+            t = time.perf_counter()
+            grid = run_scaling_stage(resolved)
+            cells = ", ".join(f"{r.group} ({r.m},{r.n}) {100 * r.accuracy:.1f}" for r in grid["rows"])
+            done("test-time scaling", cells, t)
+        if resolved.bon is not None:
+            console.rule(f"5. Best-of-N: {resolved.bon.n} samples per prompt, best-of-k per reward model")
+            t = time.perf_counter()
+            bon_report = run_bon_stage(resolved)
+            validity = bon_report.get("validity", {})
+            done("Best-of-N", f"rho {validity.get('spearman_rho', float('nan')):+.2f}, NDCG "
+                 f"{validity.get('ndcg', float('nan')):.2f} over {len(validity.get('reward_models', []))} RMs "
+                 f"({validity.get('downstream', '-')})", t)
+        rl = None
+        if resolved.train is not None:
+            console.rule("6. GRPO with personalized rewards (tiny policy; held-out = cold-start users)")
+            t = time.perf_counter()
+            rl = run_train_stage(resolved)
+            first, last = rl.evals[0], rl.evals[-1]
+            done("GRPO", f"held-out reward {first['eval/heldout_reward_mean']:+.3f} -> "
+                 f"{last['eval/heldout_reward_mean']:+.3f}", t)
+        total = time.perf_counter() - start
+    table = Table(title=f"quickstart summary ({total / 60:.1f} min, peak RSS {memory.peak_gb:.2f} GB over the "
+                        f"process tree)")
+    for col in ("stage", "result", "minutes"):
+        table.add_column(col)
+    for stage, text, seconds in summary:
+        table.add_row(stage, text, f"{seconds / 60:.1f}")
     console.rule("[bold green]done")
-    console.print(f"shards: {report.out_dir} (inspect: `pr-rlhf data inspect {report.out_dir}`)\n"
-                  f"eval:   {result.run_dir} (report.md, accuracy.png, predictions.parquet; mlflow: "
-                  f"{result.run_dir / 'mlflow.db'})", highlight=False)
-    if rl is not None:
-        first, last = rl.evals[0], rl.evals[-1]
-        console.print(f"rl:     {rl.run_dir} (history.json, checkpoints/; mlflow: {rl.run_dir / 'mlflow.db'}); "
-                      f"held-out reward {first['eval/heldout_reward_mean']:+.3f} -> "
-                      f"{last['eval/heldout_reward_mean']:+.3f}", highlight=False)
+    console.print(table)
+    (out / "summary.json").write_text(json.dumps({"minutes": total / 60, "peak_rss_gb": memory.peak_gb,
+                                                  "stages": [{"stage": a, "result": b, "minutes": c / 60}
+                                                             for a, b, c in summary]}, indent=1))
+    console.print(f"everything under {out}/ (summary.json; reports, plots and mlflow.db per stage)", highlight=False)
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """`pr-rlhf data build` / `data inspect` / `quickstart` end to end, determinism, bad input through the CLI,
 the world's raw exports read back by the real loaders, and one-way imports."""
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -114,20 +115,36 @@ def test_library_never_imports_workers_or_pipelines(path):
 def test_quickstart_runs_every_stage(tmp_path):
     """The README's main job, shrunk: shards, every evaluation cell, then the GRPO stage on its own world."""
     out = tmp_path / "qs"
+    world = [f"{section}.world.{key}" for section in ("pgenrm", "scaling", "bon")
+             for key in ("users=12", "cold_start_users=4", "reference_samples=300")]
     sets = [*SMALL_WORLD, "eval.max_pairs=6", "data.retrieval.embedder=bm25", "train.steps=2",
-            "train.eval_every=2", "train.warmup_sft_steps=2", "train.data.heldout_prompts=4", "train.eval_samples=2"]
+            "train.eval_every=2", "train.warmup_sft_steps=2", "train.data.heldout_prompts=4", "train.eval_samples=2",
+            *world, "pgenrm.psi.steps=2", "pgenrm.cre.steps=1", "pgenrm.curriculum.steps=1",
+            "pgenrm.eval.seen_pairs=4", "pgenrm.eval.cold_pairs=4", "pgenrm.eval.max_tokens=24",
+            "pgenrm.cre.max_tokens=24", "pgenrm.curriculum.max_tokens=24",
+            "scaling.points=[[0,0],[2,2]]", "scaling.seen_pairs=4", "scaling.cold_pairs=4",
+            "scaling.scaling.max_tokens=24", "scaling.scaling.prototypes.k=2", "scaling.scaling.prototypes.candidate_ks=[2]",
+            "scaling.scaling.prototypes.refine_steps=2", "bon.policy.model=tiny", "bon.prompts=2", "bon.n=4",
+            "bon.max_tokens=8", "bon.reward_models.pgenrm_shipped.generation.max_tokens=24"]
     done = run_cli("quickstart", "--out", str(out), *[a for s in sets for a in ("--set", s)])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (out / "data" / "manifest.json").is_file() and (out / "eval" / "report.md").is_file()
     assert (out / "rl_world" / "manifest.json").is_file() and (out / "rl" / "history.json").is_file()
     assert "held-out reward" in done.stdout and (out / "rl" / "mlflow.db").is_file()
+    for stage in ("psi", "cre", "curriculum"):
+        assert (out / "pgenrm" / stage / "COMPLETE").is_file(), stage
+    assert (out / "scaling" / "scaling_grid.md").is_file() and (out / "scaling" / "scaling_grid.png").is_file()
+    assert (out / "bon" / "bon.json").is_file() and (out / "bon" / "correlation.md").is_file()
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s["stage"] for s in summary["stages"]][-1] == "GRPO" and summary["peak_rss_gb"] > 0
+    assert "quickstart summary" in done.stdout
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_quickstart_recipe_without_rl_runs_no_rl_stage(tmp_path):
     recipe = tmp_path / "no_rl.yaml"
-    recipe.write_text((ROOT / "recipes" / "quickstart.yaml").read_text().split("\nreward:")[0] + "\n")
+    recipe.write_text((ROOT / "recipes" / "quickstart.yaml").read_text().split("\npgenrm:")[0] + "\n")
     out = tmp_path / "qs"
     sets = [*SMALL_WORLD, "eval.max_pairs=4", "data.retrieval.embedder=bm25", "eval.modes=[pointwise]",
             "eval.inputs=[none]"]

@@ -48,6 +48,18 @@ class BoNConfig(StrictModel):
     out: str = "runs/bon"
 
     @model_validator(mode="after")
+    def _inherit_world(self) -> BoNConfig:
+        """Reward models and the downstream judge that read the synthetic world (gold, world_estimate, a GenRM's
+        world_compact view) and name none judge in the sweep's ``world``."""
+        if self.world is None:
+            return self
+        for rcfg in [*self.reward_models.values(), self.downstream]:
+            reads_world = rcfg.kind in ("gold", "world_estimate") or rcfg.response_view == "world_compact"
+            if reads_world and "world" not in rcfg.model_fields_set:
+                rcfg.world = self.world
+        return self
+
+    @model_validator(mode="after")
     def _check(self) -> BoNConfig:
         if not self.reward_models:
             raise ValueError("reward_models is empty: name at least one reward model")
