@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -240,17 +241,19 @@ def test_serve_reward_command_with_bearer_token(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update({"PR_RLHF_TEST_SERVE_TOKEN": token, "RAY_AUTH_MODE": "disabled",
                 "RAY_TMPDIR": str(tmp_path / "ray")})
-    log = tmp_path / "serve.log"
     cli = [sys.executable, "-m", "pr_rlhf.cli", "serve-reward", str(recipe)]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cli, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                start_new_session=True)
+    # a pipe, not a file: Ray's processes share the command's stdout and a file's offset let them overwrite it
+    proc = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                            start_new_session=True, text=True, errors="replace")
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 300
         while time.time() < deadline:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            if "reward service (" in log.read_text():     # the command's ready line: deployed and serving
+            assert proc.poll() is None, "".join(lines)[-3000:]
+            if "reward service (" in "".join(lines):     # the command's ready line: deployed and serving
                 break
             time.sleep(1)
         assert httpx.get(base + "/health", timeout=10).status_code == 200
@@ -268,7 +271,8 @@ def test_serve_reward_command_with_bearer_token(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
-    text = log.read_text()
+    reader.join(timeout=30)
+    text = "".join(lines)
     assert "reward service (gold" in text and "stopping the reward service" in text and token not in text
     ray_logs = " ".join(p.read_text(errors="ignore") for p in (tmp_path / "ray").rglob("*.log")
                         if p.is_file() and p.stat().st_size < 5_000_000)
