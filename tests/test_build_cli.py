@@ -123,7 +123,7 @@ def test_quickstart_runs_every_stage(tmp_path):
             "pgenrm.eval.seen_pairs=4", "pgenrm.eval.cold_pairs=4", "pgenrm.eval.max_tokens=24",
             "pgenrm.cre.max_tokens=24", "pgenrm.curriculum.max_tokens=24",
             "scaling.points=[[0,0],[2,2]]", "scaling.seen_pairs=4", "scaling.cold_pairs=4",
-            "scaling.scaling.max_tokens=24", "scaling.scaling.prototypes.k=2", "scaling.scaling.prototypes.candidate_ks=[2]",
+            "scaling.scaling.prototypes.k=2", "scaling.scaling.prototypes.candidate_ks=[2]",
             "scaling.scaling.prototypes.refine_steps=2", "bon.policy.model=tiny", "bon.prompts=2", "bon.n=4",
             "bon.max_tokens=8", "bon.reward_models.pgenrm_shipped.generation.max_tokens=24"]
     done = run_cli("quickstart", "--out", str(out), *[a for s in sets for a in ("--set", s)])
