@@ -462,6 +462,7 @@ def serve_reward(recipe: Path = typer.Argument(..., help="recipe YAML with a ser
             time.sleep(3600)
     except KeyboardInterrupt:
         console.print("stopping the reward service")
+        sys.stdout.flush()   # before the shutdown, which may take a while on a busy machine
     finally:
         serve.shutdown()
 
