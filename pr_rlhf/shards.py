@@ -62,7 +62,8 @@ class ShardConfig:
     compression: str = "zstd"
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks (shard manifests, the shipped checkpoint's manifest)."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -99,7 +100,7 @@ def write_table(out_dir: Path, table: str, records: list, cfg: ShardConfig) -> l
                 "split": split,
                 "rows": len(shard_rows),
                 "bytes": path.stat().st_size,
-                "sha256": _sha256(path),
+                "sha256": sha256_file(path),
             })
     return entries
 
@@ -182,7 +183,7 @@ class ShardReader:
             path = self.root / f["path"]
             if not path.exists():
                 raise ShardError(f"{path}: listed in the manifest but missing")
-            if _sha256(path) != f["sha256"]:
+            if sha256_file(path) != f["sha256"]:
                 raise ShardError(f"{path}: content hash differs from the manifest (file changed after build)")
 
     def iter_batches(self, table: str, split: str | None = None) -> Iterator[pa.RecordBatch]:

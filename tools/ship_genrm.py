@@ -11,18 +11,14 @@ as the model's benchmark accuracy: ``models/pgenrm_tiny/eval.json:seen``) and ``
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
+import sys
 from pathlib import Path
 
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a script from anywhere
+# one file hash for shard manifests and the shipped checkpoint's manifest
+from pr_rlhf.shards import sha256_file as sha256
 
 
 def ship(stage_dir: Path, dest: Path, recipe: str, command: str, seed: int) -> dict:

@@ -57,29 +57,35 @@ def curve(pools: Sequence[ScoredPool], ks: Sequence[int] | None = None, n_bootst
     return out
 
 
-def plot_curves(points: Sequence[CurvePoint], path: Path, title: str = "Best-of-k") -> Path:
-    """Mean quality vs k (log2 axis) with the CI band, one line per subset."""
+def _plot_lines(lines: Mapping[str, Sequence[CurvePoint]], path: Path, title: str, bold: str | None = None) -> Path:
+    """Mean quality vs k (log2 axis) with its CI band, one line per entry of ``lines``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for subset in dict.fromkeys(p.subset for p in points):
-        rows = sorted((p for p in points if p.subset == subset), key=lambda p: p.k)
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for label, points in lines.items():
+        rows = sorted(points, key=lambda p: p.k)
         ks = [p.k for p in rows]
-        ax.plot(ks, [p.mean for p in rows], marker="o", label=subset, lw=2 if subset == "all" else 1)
-        ax.fill_between(ks, [p.ci_low for p in rows], [p.ci_high for p in rows], alpha=0.15)
+        ax.plot(ks, [p.mean for p in rows], marker="o", label=label, lw=2 if label == bold else 1.5)
+        ax.fill_between(ks, [p.ci_low for p in rows], [p.ci_high for p in rows], alpha=0.12)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k (samples the reward model chooses from)")
     ax.set_ylabel("downstream quality of the pick")
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_curves(points: Sequence[CurvePoint], path: Path, title: str = "Best-of-k") -> Path:
+    """One reward model: a line per subset ("all" in bold)."""
+    subsets = dict.fromkeys(p.subset for p in points)
+    return _plot_lines({s: [p for p in points if p.subset == s] for s in subsets}, path, title, bold="all")
 
 
 def mlflow_metrics(points: Sequence[CurvePoint], prefix: str = "bon") -> dict[str, float]:
@@ -91,25 +97,6 @@ def mlflow_metrics(points: Sequence[CurvePoint], prefix: str = "bon") -> dict[st
 
 def plot_reward_models(curves: Mapping[str, Sequence[CurvePoint]], path: Path,
                        title: str = "Best-of-k by reward model") -> Path:
-    """One line (all prompts, with its CI band) per reward model on a log2 k axis."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for name, points in curves.items():
-        rows = sorted((p for p in points if p.subset == "all"), key=lambda p: p.k)
-        ks = [p.k for p in rows]
-        ax.plot(ks, [p.mean for p in rows], marker="o", label=name)
-        ax.fill_between(ks, [p.ci_low for p in rows], [p.ci_high for p in rows], alpha=0.1)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("k (samples the reward model chooses from)")
-    ax.set_ylabel("downstream quality of the pick")
-    ax.set_title(title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    """Several reward models: a line per model (all prompts)."""
+    return _plot_lines({name: [p for p in points if p.subset == "all"] for name, points in curves.items()},
+                       path, title)

@@ -151,6 +151,16 @@ def estimated_weights(world: World, user_id: str, predictor: str, history_size: 
     return prior.posterior_weights(hist) @ prior.samples
 
 
+def held_out_by_user(world: World, users: UserGroup, splits: tuple[str, ...]):
+    """(user, their held-out pairs in ``splits``) for each user of the group that has any, in world order."""
+    for user in world.users:
+        if users != "all" and user.cold_start != (users == "cold_start"):
+            continue
+        held_out = [p for p in world.pairs_of(user.user_id) if p.split in splits]
+        if held_out:
+            yield user, held_out
+
+
 def reference_scores(world: World, history_size: int = 3, *, users: UserGroup = "seen",
                      splits: tuple[str, ...] = ("val", "test"), n_samples: int | None = None,
                      lr_c: float = 10.0, predictors: tuple[str, ...] = REFERENCES) -> dict[str, np.ndarray]:
@@ -161,12 +171,7 @@ def reference_scores(world: World, history_size: int = 3, *, users: UserGroup = 
     prior = WorldPrior.of(world, n_samples)
     out: dict[str, list] = {name: [] for name in predictors}
     pair_ids: list[str] = []
-    for user in world.users:
-        if users != "all" and user.cold_start != (users == "cold_start"):
-            continue
-        held_out = [p for p in world.pairs_of(user.user_id) if p.split in splits]
-        if not held_out:
-            continue
+    for user, held_out in held_out_by_user(world, users, splits):
         hist = history_diffs(world, user.user_id, history_size)
         query = np.array([p.differing for p in held_out])
         for name in predictors:
@@ -203,12 +208,7 @@ def estimate_accuracy(world: World, predictor: str, history_size: int = 3, *, us
     posterior preference probability, and may differ from the reference by a little."""
     prior = WorldPrior.of(world)
     scores: list[float] = []
-    for user in world.users:
-        if users != "all" and user.cold_start != (users == "cold_start"):
-            continue
-        held_out = [p for p in world.pairs_of(user.user_id) if p.split in splits]
-        if not held_out:
-            continue
+    for user, held_out in held_out_by_user(world, users, splits):
         w = estimated_weights(world, user.user_id, predictor, history_size, prior=prior, lr_c=lr_c)
         margins = np.array([p.differing for p in held_out]) @ w
         scores += _score(0.5 + 0.5 * np.sign(margins)).tolist()
