@@ -230,12 +230,15 @@ class BoNSweep:
 
         bench = {name: read_accuracy(value) for name, value in self.cfg.benchmark_accuracy.items()}
         users = "cold_start" if self.cfg.prompts_from == "cold_start" else "seen"
+        worlds: dict[str, Any] = {}   # one build per distinct world (the RMs usually share the sweep's)
         for name, rcfg in self.cfg.reward_models.items():
             if name in bench or rcfg.kind not in ("gold", "world_estimate"):
                 continue
             predictor = "true_weights" if rcfg.kind == "gold" else rcfg.estimator
-            bench[name] = estimate_accuracy(build_world(rcfg.world), predictor, rcfg.history_pairs,
-                                            users=users).accuracy
+            key = rcfg.world.model_dump_json()
+            if key not in worlds:
+                worlds[key] = build_world(rcfg.world)
+            bench[name] = estimate_accuracy(worlds[key], predictor, rcfg.history_pairs, users=users).accuracy
         return bench
 
     def write_report(self, curves: dict[str, list], counts: dict[str, dict[str, int]]) -> dict[str, Any]:
