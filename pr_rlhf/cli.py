@@ -3,6 +3,8 @@ so `--help` and recipe validation answer fast; heavy modules load inside the com
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 from typing import List, Optional
 
@@ -329,7 +331,8 @@ def run_pgenrm_stage(recipe: Recipe, stages: Optional[List[str]] = None, address
             _fail(str(exc))
             raise
     table = Table(title="P-GenRM stages (pairwise accuracy %, 95% CI)")
-    for col in ("stage", "seen users", "hard pairs", "cold-start users", "parse failures", "minutes"):
+    for col in ("stage", "seen users", "hard pairs", "cold-start users", "unparsed seen / cold", "ties seen / cold",
+                "minutes"):
         table.add_column(col)
     for name, r in results.items():
         if "planner" in r:
@@ -344,7 +347,8 @@ def run_pgenrm_stage(recipe: Recipe, stages: Optional[List[str]] = None, address
         table.add_row(name, f"{100 * seen['accuracy']:.1f} [{100 * seen['ci_low']:.1f}, {100 * seen['ci_high']:.1f}]",
                       f"{100 * hard.get('accuracy', float('nan')):.1f}",
                       f"{100 * cold['accuracy']:.1f} [{100 * cold['ci_low']:.1f}, {100 * cold['ci_high']:.1f}]",
-                      f"{seen['failures']} / {cold['failures']}", f"{r['seconds'] / 60:.1f}")
+                      f"{seen['failures']} / {cold['failures']}", f"{seen.get('ties', 0)} / {cold.get('ties', 0)}",
+                      f"{r['seconds'] / 60:.1f}")
     console.print(table)
     report = write_ablation_report(cfg.out, title=f"{recipe.name}: P-GenRM ablation", seed=recipe.seed)
     console.print(f"ablation report: {report.markdown}, {report.figure}", highlight=False)
@@ -510,6 +514,17 @@ def report_ablation(run_dir: Path = typer.Argument(..., help="a `pr-rlhf pgenrm`
     console.print(f"written: {report.markdown}, {report.figure}, {report.json}", highlight=False)
 
 
+def _accuracy_with_misses(summary: dict) -> str:
+    """'52.5% (3 ties, 1 unparsed of 40)': an accuracy that says how much of the rest is ties and parse failures."""
+    return (f"{100 * summary['accuracy']:.1f}% ({summary.get('ties', 0)} ties, {summary.get('failures', 0)} unparsed"
+            f" of {summary.get('n', 0)})")
+
+
+def _slug(stage: str) -> str:
+    """'evaluation (untrained floor)' -> 'evaluation': a metric-key name for a summary row."""
+    return re.sub(r"[^a-z0-9]+", "_", stage.split(" (")[0].lower()).strip("_")
+
+
 @app.command()
 def quickstart(out: Path = typer.Option(Path("runs/quickstart"), "--out", "-o", help="run directory"),
                recipe: Path = typer.Option(Path("recipes/quickstart.yaml"), "--recipe", "-r"),
@@ -522,6 +537,7 @@ def quickstart(out: Path = typer.Option(Path("runs/quickstart"), "--out", "-o", 
     from rich.table import Table
 
     from pr_rlhf.peak_memory import PeakRSS
+    from pr_rlhf.tracking import DB_FILE, ENV_URI, make_tracker
 
     q = lambda v: json.dumps(str(v))  # noqa: E731 - a YAML-safe override value
     placed = [f"data.out={q(out / 'data')}", f"eval.shards={q(out / 'data')}", f"eval.out={q(out / 'eval')}"]
@@ -534,70 +550,81 @@ def quickstart(out: Path = typer.Option(Path("runs/quickstart"), "--out", "-o", 
              "scaling": [f"scaling.out={q(out / 'scaling')}", f"scaling.shards={q(world_shards)}"],
              "bon": [f"bon.out={q(out / 'bon')}", f"bon.shards={q(world_shards)}"]}
     placed += [o for section, opts in later.items() if getattr(resolved, section) is not None for o in opts]
+    if resolved.tracking.mlflow_uri is None and not os.environ.get(ENV_URI):
+        # one store for every stage's run: `mlflow ui --backend-store-uri sqlite:///<out>/mlflow.db` shows them all
+        placed.append(f"tracking.mlflow_uri={q('sqlite:///' + str((out / DB_FILE).resolve()))}")
     resolved = _recipe(source, placed + list(overrides or []))
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipe.yaml").write_text(dump_recipe(resolved))
     summary: list[tuple[str, str, float]] = []
-    with PeakRSS() as memory:
-        start = time.perf_counter()
+    # the quickstart's own run opens first, so a new experiment keeps its artifacts under <out>/mlartifacts
+    tracker = make_tracker(resolved.tracking, out, f"{resolved.name}/summary", tags={"stage": "quickstart"})
+    with tracker:
+        tracker.log_params(resolved.model_dump(mode="json"))
+        with PeakRSS() as memory:
+            start = time.perf_counter()
 
-        def done(stage: str, result: str, since: float) -> None:
-            summary.append((stage, result, time.perf_counter() - since))
+            def done(stage: str, result: str, since: float) -> None:
+                summary.append((stage, result, time.perf_counter() - since))
 
-        console.rule(f"[bold]pr-rlhf quickstart[/] -> {out}")
-        console.rule("1. data: the synthetic persona world -> Arrow shards")
-        t = time.perf_counter()
-        report = run_data_build(resolved.data, resolved)
-        print_build_report(report)
-        done("data", f"{report.out_dir}", t)
-        console.rule("2. reward models on held-out pairs (base models: untrained, expect ~50% or parse failures)")
-        t = time.perf_counter()
-        result = run_eval_stage(resolved)
-        done("evaluation (untrained floor)", f"{result.run_dir}/report.md", t)
-        if resolved.pgenrm is not None:
-            console.rule("3. P-GenRM: PSI -> CRE -> curriculum, briefly (a useful GenRM needs ~30 min of PSI: the "
-                         "next stages use the shipped one)")
+            console.rule(f"[bold]pr-rlhf quickstart[/] -> {out}")
+            console.rule("1. data: the synthetic persona world -> Arrow shards")
             t = time.perf_counter()
-            stages = run_pgenrm_stage(resolved)
-            last = stages[resolved.pgenrm.stages[-1]]
-            done("P-GenRM stages (brief)", f"{resolved.pgenrm.stages[-1]}: seen "
-                 f"{100 * last['seen']['summary']['accuracy']:.1f}%, cold {100 * last['cold']['summary']['accuracy']:.1f}%"
-                 f" ({resolved.pgenrm.psi.steps} PSI steps)", t)
-        if resolved.scaling is not None:
-            console.rule(f"4. test-time scaling of the shipped P-GenRM ({resolved.scaling.model})")
+            report = run_data_build(resolved.data, resolved)
+            print_build_report(report)
+            done("data", f"{report.out_dir}", t)
+            console.rule("2. reward models on held-out pairs (base models: untrained, expect ~50% or parse failures)")
             t = time.perf_counter()
-            grid = run_scaling_stage(resolved)
-            cells = ", ".join(f"{r.group} ({r.m},{r.n}) {100 * r.accuracy:.1f}" for r in grid["rows"])
-            done("test-time scaling", cells, t)
-        if resolved.bon is not None:
-            console.rule(f"5. Best-of-N: {resolved.bon.n} samples per prompt, best-of-k per reward model")
-            t = time.perf_counter()
-            bon_report = run_bon_stage(resolved)
-            validity = bon_report.get("validity", {})
-            done("Best-of-N", f"rho {validity.get('spearman_rho', float('nan')):+.2f}, NDCG "
-                 f"{validity.get('ndcg', float('nan')):.2f} over {len(validity.get('reward_models', []))} RMs "
-                 f"({validity.get('downstream', '-')})", t)
-        rl = None
-        if resolved.train is not None:
-            console.rule("6. GRPO with personalized rewards (tiny policy; held-out = cold-start users)")
-            t = time.perf_counter()
-            rl = run_train_stage(resolved)
-            first, last = rl.evals[0], rl.evals[-1]
-            done("GRPO", f"held-out reward {first['eval/heldout_reward_mean']:+.3f} -> "
-                 f"{last['eval/heldout_reward_mean']:+.3f}", t)
-        total = time.perf_counter() - start
-    table = Table(title=f"quickstart summary ({total / 60:.1f} min, peak RSS {memory.peak_gb:.2f} GB over the "
-                        f"process tree)")
-    for col in ("stage", "result", "minutes"):
-        table.add_column(col)
-    for stage, text, seconds in summary:
-        table.add_row(stage, text, f"{seconds / 60:.1f}")
-    console.rule("[bold green]done")
-    console.print(table)
-    (out / "summary.json").write_text(json.dumps({"minutes": total / 60, "peak_rss_gb": memory.peak_gb,
-                                                  "stages": [{"stage": a, "result": b, "minutes": c / 60}
-                                                             for a, b, c in summary]}, indent=1))
-    console.print(f"everything under {out}/ (summary.json; reports, plots and mlflow.db per stage)", highlight=False)
+            result = run_eval_stage(resolved)
+            done("evaluation (untrained floor)", f"{result.run_dir}/report.md", t)
+            if resolved.pgenrm is not None:
+                console.rule("3. P-GenRM: PSI -> CRE -> curriculum, briefly (a useful GenRM needs ~30 min of PSI: the "
+                             "next stages use the shipped one)")
+                t = time.perf_counter()
+                stages = run_pgenrm_stage(resolved)
+                last = stages[resolved.pgenrm.stages[-1]]
+                done("P-GenRM stages (brief)", f"{resolved.pgenrm.stages[-1]} after {resolved.pgenrm.psi.steps} PSI "
+                     f"steps: seen {_accuracy_with_misses(last['seen']['summary'])}, "
+                     f"cold {_accuracy_with_misses(last['cold']['summary'])}", t)
+            if resolved.scaling is not None:
+                console.rule(f"4. test-time scaling of the shipped P-GenRM ({resolved.scaling.model})")
+                t = time.perf_counter()
+                grid = run_scaling_stage(resolved)
+                cells = ", ".join(f"{r.group} ({r.m},{r.n}) {100 * r.accuracy:.1f}" for r in grid["rows"])
+                done("test-time scaling", cells, t)
+            if resolved.bon is not None:
+                console.rule(f"5. Best-of-N: {resolved.bon.n} samples per prompt, best-of-k per reward model")
+                t = time.perf_counter()
+                bon_report = run_bon_stage(resolved)
+                validity = bon_report.get("validity", {})
+                done("Best-of-N", f"rho {validity.get('spearman_rho', float('nan')):+.2f}, NDCG "
+                     f"{validity.get('ndcg', float('nan')):.2f} over {len(validity.get('reward_models', []))} RMs "
+                     f"({validity.get('downstream', '-')})", t)
+            rl = None
+            if resolved.train is not None:
+                console.rule("6. GRPO with personalized rewards (tiny policy; held-out = cold-start users)")
+                t = time.perf_counter()
+                rl = run_train_stage(resolved)
+                first, last = rl.evals[0], rl.evals[-1]
+                done("GRPO", f"held-out reward {first['eval/heldout_reward_mean']:+.3f} -> "
+                     f"{last['eval/heldout_reward_mean']:+.3f}", t)
+            total = time.perf_counter() - start
+        table = Table(title=f"quickstart summary ({total / 60:.1f} min, peak RSS {memory.peak_gb:.2f} GB over the "
+                            f"process tree)")
+        for col in ("stage", "result", "minutes"):
+            table.add_column(col)
+        for stage, text, seconds in summary:
+            table.add_row(stage, text, f"{seconds / 60:.1f}")
+        console.rule("[bold green]done")
+        console.print(table)
+        (out / "summary.json").write_text(json.dumps({"minutes": total / 60, "peak_rss_gb": memory.peak_gb,
+                                                      "stages": [{"stage": a, "result": b, "minutes": c / 60}
+                                                                 for a, b, c in summary]}, indent=1))
+        tracker.log_metrics({"quickstart/minutes": total / 60, "quickstart/peak_rss_gb": memory.peak_gb,
+                             **{f"quickstart/minutes/{_slug(stage)}": seconds / 60 for stage, _, seconds in summary}})
+        tracker.log_artifact(out / "summary.json")
+    console.print(f"everything under {out}/ (summary.json; reports and plots per stage; every stage's mlflow run "
+                  f"in {resolved.tracking.mlflow_uri or '$' + ENV_URI})", highlight=False)
 
 
 def main() -> None:
