@@ -7,6 +7,8 @@
 #   cluster/submit.sh -- pr-rlhf pgenrm recipes/pgenrm_pipeline.yaml            # PSI -> CRE -> curriculum
 #   cluster/submit.sh -- pr-rlhf bon recipes/gpu/bon_sweep.yaml
 #
+# Paths: each node runs the job in a temporary copy of the working dir; send outputs and shards to storage every
+# node shares, e.g. `--set train.out=/mnt/pr_rlhf/runs/ppo --set train.data.shards=/mnt/pr_rlhf/data/prb`.
 # Address: --address, else $RAY_ADDRESS, else http://127.0.0.1:8265 (the dashboard, e.g. forwarded with
 # `ray dashboard cluster/ray_cluster_gpu.yaml` or `kubectl port-forward svc/...-head-svc 8265`).
 set -euo pipefail
@@ -18,7 +20,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --address) address=${2:?--address needs a URL}; shift 2 ;;
     --no-wait) extra+=(--no-wait); shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     --) shift; break ;;
     *) echo "submit.sh: unknown option $1 (the command goes after --)" >&2; exit 2 ;;
   esac

@@ -35,7 +35,16 @@ def test_rayjob_manifest_shape_and_entrypoint():
     spec = job["spec"]
     entry = spec["entrypoint"].split()
     assert entry[:3] == ["python", "-m", "pr_rlhf.cli"] and entry[3] in {"train", "pgenrm", "bon", "scaling"}
-    load_recipe(ROOT / entry[4])
+    overrides = [entry[i + 1] for i, arg in enumerate(entry) if arg == "--set"]
+    recipe = load_recipe(ROOT / entry[4], overrides)
+    # each node runs the job in its own temporary copy of the working dir: outputs and shards on the shared volume
+    groups = [spec["rayClusterSpec"]["headGroupSpec"], *spec["rayClusterSpec"]["workerGroupSpecs"]]
+    mounts = {m["mountPath"] for g in groups for c in g["template"]["spec"]["containers"]
+              for m in c.get("volumeMounts", [])}
+    assert len(mounts) == 1
+    (mount,) = mounts
+    for path in (recipe.train.out, recipe.train.data.shards):
+        assert path.startswith(mount + "/"), path
     runtime_env = yaml.safe_load(spec["runtimeEnvYAML"])
     assert runtime_env["env_vars"]["HF_HUB_OFFLINE"] == "1"
     cluster = spec["rayClusterSpec"]
