@@ -449,7 +449,7 @@ class RLController:
                 if self.cfg.warmup_sft_steps:
                     self.warm_start()
                 self._sync_weights(0)  # the rollout starts from exactly the learner's weights
-            tracker = make_tracker(self.recipe.tracking, self.run_dir, self.recipe.name,
+            tracker = make_tracker(self.recipe.tracking, self.run_dir, f"{self.recipe.name}/{self.cfg.algorithm}",
                                    tags={"stage": f"rl/{self.cfg.algorithm}"})
             with tracker:
                 tracker.log_params(self.recipe.model_dump(mode="json"))
