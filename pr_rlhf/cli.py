@@ -438,6 +438,7 @@ def serve_reward(recipe: Path = typer.Argument(..., help="recipe YAML with a ser
     """The personalized reward as a Ray Serve endpoint (127.0.0.1 by default): /score, /score_batch, OpenRLHF's
     /get_reward, /health. Ctrl-C stops it."""
     import os
+    import signal
     import sys
     import time
 
@@ -461,9 +462,13 @@ def serve_reward(recipe: Path = typer.Argument(..., help="recipe YAML with a ser
     sys.stdout.flush()   # seen at once when the output goes to a file or a pipe
     if detach:
         return
+    # SIGTERM (`kill`, `docker stop`, `ray job stop`) stops it as gracefully as Ctrl-C does
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         while True:
-            time.sleep(3600)
+            # short sleeps: the kernel may hand Ctrl-C to one of Ray's threads, and Python raises it in the main
+            # thread only once that thread runs again (a long sleep would hold it for its whole length)
+            time.sleep(0.5)
     except KeyboardInterrupt:
         console.print("stopping the reward service")
         sys.stdout.flush()   # before the shutdown, which may take a while on a busy machine

@@ -5,6 +5,7 @@ score). The `pr-rlhf serve-reward` command itself, with bearer-token auth, runs 
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import os
 import signal
 import socket
@@ -229,6 +230,14 @@ def test_planner_runs_once_per_distinct_prompt_in_a_batch():
     assert len(engine.prompts) == 1 + 5                                 # one planner call, five judge calls
 
 
+def _sigint_to_a_non_main_thread(pid: int) -> None:
+    """SIGINT to one thread of `pid` other than its main thread (tgkill), else to the process."""
+    threads = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
+    if not threads or tgkill is None or tgkill(pid, threads[-1], signal.SIGINT) != 0:
+        os.kill(pid, signal.SIGINT)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_serve_reward_command_with_bearer_token(tmp_path):
@@ -265,9 +274,10 @@ def test_serve_reward_command_with_bearer_token(tmp_path):
         ok = post(base + "/score", item, headers={"Authorization": f"Bearer {token}"})
         assert ok.status_code == 200 and ok.json()["score"] == pytest.approx(world.gold_utility(p.chosen, p.user_id))
     finally:
-        # Ctrl-C to the command alone (`kill -INT`): signalling its whole group would also stop its Ray processes,
-        # whose death may end the driver before it prints its goodbye
-        os.kill(proc.pid, signal.SIGINT)
+        # Ctrl-C to the command alone (signalling its whole group would also stop its Ray processes, whose death
+        # may end the driver before it prints its goodbye), handed to one of Ray's threads in it: the kernel may
+        # do that with a process's signal, and the command must still stop at once
+        _sigint_to_a_non_main_thread(proc.pid)
         try:
             proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
