@@ -230,11 +230,26 @@ def test_planner_runs_once_per_distinct_prompt_in_a_batch():
     assert len(engine.prompts) == 1 + 5                                 # one planner call, five judge calls
 
 
+def _takes_sigint(pid: int, tid: int) -> bool:
+    """Whether thread `tid` of `pid` leaves SIGINT unblocked (a thread that blocks it would keep it pending)."""
+    try:
+        status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+    except OSError:
+        return False
+    blocked = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk:")), 16)
+    return not blocked & (1 << (signal.SIGINT - 1))
+
+
 def _sigint_to_a_non_main_thread(pid: int) -> None:
-    """SIGINT to one thread of `pid` other than its main thread (tgkill), else to the process."""
-    threads = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+    """SIGINT to one thread of `pid` other than its main thread (tgkill), else to the process. The oldest thread
+    that takes SIGINT: Ray starts it at init and keeps it (a signal sent to a thread is lost if the thread ends)."""
+    try:
+        threads = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+    except OSError:
+        threads = []
+    takers = [t for t in threads if _takes_sigint(pid, t)]
     tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
-    if not threads or tgkill is None or tgkill(pid, threads[-1], signal.SIGINT) != 0:
+    if not takers or tgkill is None or tgkill(pid, takers[0], signal.SIGINT) != 0:
         os.kill(pid, signal.SIGINT)
 
 
@@ -277,7 +292,8 @@ def test_serve_reward_command_with_bearer_token(tmp_path):
         # Ctrl-C to the command alone (signalling its whole group would also stop its Ray processes, whose death
         # may end the driver before it prints its goodbye), handed to one of Ray's threads in it: the kernel may
         # do that with a process's signal, and the command must still stop at once
-        _sigint_to_a_non_main_thread(proc.pid)
+        if proc.poll() is None:
+            _sigint_to_a_non_main_thread(proc.pid)
         try:
             proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
