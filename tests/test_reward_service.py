@@ -267,11 +267,8 @@ def test_serve_reward_command_with_bearer_token(tmp_path):
                 "RAY_TMPDIR": str(tmp_path / "ray")})
     cli = [sys.executable, "-m", "pr_rlhf.cli", "serve-reward", str(recipe)]
     # a pipe, not a file: Ray's processes share the command's stdout and a file's offset let them overwrite it
-    # preexec: Ctrl-C as a terminal gives it, even when this test runs under a shell's background job, whose
-    # ignored SIGINT every child would otherwise inherit (then the command rightly ignores it too)
     proc = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                            start_new_session=True, text=True, errors="replace",
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            start_new_session=True, text=True, errors="replace")
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
