@@ -156,7 +156,10 @@ class PGenRMPipeline:
         return json.loads(path.read_text()) if self.is_complete(stage) and path.is_file() else None
 
     def start_model(self, stage: str) -> str:
-        """The model a stage starts from: the recipe's initial model, or its parent stage's output."""
+        """The model a stage starts from: the recipe's ``start_from`` for it, else the initial model (a stage
+        without a parent), else its parent stage's output."""
+        if stage in self.cfg.start_from:
+            return resolve_model(self.cfg.start_from[stage])
         parent = STAGE_PARENT[stage]
         if parent is None:
             return resolve_model(self.cfg.model)

@@ -110,6 +110,10 @@ class PGenRMConfig(StrictModel):
     model: str = Field("tiny-genrm", description="initial GenRM: a tiny spec (from scratch), 'smollm2', a path")
     stages: list[Stage] = Field(default_factory=lambda: list(MAIN_STAGES),
                                 description="stages to run, in order; a finished stage is not run again")
+    start_from: dict[Stage, str] = Field(
+        default_factory=dict, description="the model a stage starts from instead of its parent stage's output "
+                                          "(a model spec or path), e.g. {cre: models/pgenrm_tiny}: the RL stages "
+                                          "from an already trained GenRM, without running PSI")
     history_size: int = Field(3, ge=1, description="history pairs in every prompt (training and evaluation)")
     chain_style: Literal["compact", "trace", "vote"] = Field(
         "trace", description="the oracle chains: 'vote' (the trace chain whose persona votes for the user's type: "
@@ -139,6 +143,8 @@ class PGenRMConfig(StrictModel):
             raise ValueError("a tiny GenRM from scratch needs the compact world rendering (world.rendering)")
         if len(set(self.stages)) != len(self.stages):
             raise ValueError(f"stages {self.stages} name a stage twice")
+        if "base" in self.start_from:
+            raise ValueError("start_from.base: the base stage evaluates `model`; set `model` instead")
         return self
 
     def stage_config(self, stage: str) -> GRPOStageConfig:

@@ -1,0 +1,42 @@
+"""Running `pr-rlhf` as a user does, in its own process session, for the slow end-to-end tests.
+
+The command starts a local Ray whose processes (raylet, GCS, actors still training) outlive a killed driver. A plain
+``subprocess.run(timeout=...)`` kills only the driver, leaving those processes to load the cores of the tests that
+follow. Here the command gets its own session, and whatever of that session is left when the command ends (or hits
+its hang timeout) is killed.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def kill_session(pid: int) -> None:
+    """SIGKILL every process of the session ``pid`` leads (the command and everything it started)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_cli(args: list[str], *, cwd: Path, env: dict, hang_timeout_s: float) -> subprocess.CompletedProcess:
+    """``python -m pr_rlhf.cli ARGS`` with its output captured. ``hang_timeout_s`` catches a hang, not slowness:
+    size it several times the slowest machine's measured time. On a hang the error carries the output's tail."""
+    cmd = [sys.executable, "-m", "pr_rlhf.cli", *args]
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            errors="replace", start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=hang_timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_session(proc.pid)
+        out, err = proc.communicate()
+        raise AssertionError(f"`pr-rlhf {' '.join(args)}` still running after {hang_timeout_s:.0f} s (a hang?)\n"
+                             f"{out[-3000:]}\n{err[-3000:]}") from None
+    finally:
+        kill_session(proc.pid)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
