@@ -461,7 +461,10 @@ def serve_reward(recipe: Path = typer.Argument(..., help="recipe YAML with a ser
     sys.stdout.flush()   # seen at once when the output goes to a file or a pipe
     if detach:
         return
-    # SIGTERM (`kill`, `docker stop`, `ray job stop`) stops it as gracefully as Ctrl-C does
+    # Ctrl-C and SIGTERM (`kill`, `docker stop`, `ray job stop`) stop it gracefully, whatever disposition it
+    # inherited: a command started from a background job (`cmd &` in a script, CI) starts with SIGINT ignored,
+    # and Python then leaves it ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         while True:

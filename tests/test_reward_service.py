@@ -265,7 +265,11 @@ def test_serve_reward_command_with_bearer_token(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update({"PR_RLHF_TEST_SERVE_TOKEN": token, "RAY_AUTH_MODE": "disabled",
                 "RAY_TMPDIR": str(tmp_path / "ray")})
-    cli = [sys.executable, "-m", "pr_rlhf.cli", "serve-reward", str(recipe)]
+    # started with SIGINT ignored, as from a background job (`make test &`, some CI runners): the command must
+    # still stop on Ctrl-C (it failed this way when the suite itself ran as a background job)
+    cli = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+           "os.execv(sys.executable, [sys.executable, '-m', 'pr_rlhf.cli', *sys.argv[1:]])",
+           "serve-reward", str(recipe)]
     # a pipe, not a file: Ray's processes share the command's stdout and a file's offset let them overwrite it
     proc = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                             start_new_session=True, text=True, errors="replace")
