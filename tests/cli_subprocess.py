@@ -1,9 +1,8 @@
 """Running `pr-rlhf` as a user does, in its own process session, for the slow end-to-end tests.
 
-The command starts a local Ray whose processes (raylet, GCS, actors still training) outlive a killed driver. A plain
-``subprocess.run(timeout=...)`` kills only the driver, leaving those processes to load the cores of the tests that
-follow. Here the command gets its own session, and whatever of that session is left when the command ends (or hits
-its hang timeout) is killed.
+A hang timeout kills the command's whole session, not only its driver, so nothing it started (Ray's daemons and
+actors share fate with their driver, other helpers may not) keeps loading the cores of the tests that follow, and
+the error shows the tail of what the command printed.
 """
 from __future__ import annotations
 
@@ -24,7 +23,8 @@ def kill_session(pid: int) -> None:
         pass
 
 
-def run_cli(args: list[str], *, cwd: Path, env: dict, hang_timeout_s: float) -> subprocess.CompletedProcess:
+def run_cli(args: list[str], *, hang_timeout_s: float, cwd: Path = ROOT,
+            env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m pr_rlhf.cli ARGS`` with its output captured. ``hang_timeout_s`` catches a hang, not slowness:
     size it several times the slowest machine's measured time. On a hang the error carries the output's tail."""
     cmd = [sys.executable, "-m", "pr_rlhf.cli", *args]

@@ -15,6 +15,7 @@ from pr_rlhf.config import DataConfig
 from pr_rlhf.shards import ShardReader
 from pr_rlhf.world.config import WorldConfig
 from pr_rlhf.world.generator import build_world
+from tests import cli_subprocess
 from tests.fixtures_raw import prb_row, question_defects, write_prb
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,8 +23,8 @@ CLI = [sys.executable, "-m", "pr_rlhf.cli"]
 SMALL_WORLD = ["world.users=12", "world.cold_start_users=4", "world.reference_samples=500"]
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(CLI + list(args), capture_output=True, text=True, cwd=ROOT)
+def run_cli(*args: str, hang_timeout_s: float = 500) -> subprocess.CompletedProcess:
+    return cli_subprocess.run_cli(list(args), hang_timeout_s=hang_timeout_s)
 
 
 def test_synthetic_build_is_deterministic_and_retrieves_own_items(tmp_path):
@@ -111,7 +112,7 @@ def test_library_never_imports_workers_or_pipelines(path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)   # a hang: 2-core machines take 4-8 min
 def test_quickstart_runs_every_stage(tmp_path):
     """The README's main job, shrunk: shards, every evaluation cell, then the GRPO stage on its own world."""
     out = tmp_path / "qs"
@@ -126,7 +127,7 @@ def test_quickstart_runs_every_stage(tmp_path):
             "scaling.scaling.prototypes.k=2", "scaling.scaling.prototypes.candidate_ks=[2]",
             "scaling.scaling.prototypes.refine_steps=2", "bon.policy.model=tiny", "bon.prompts=2", "bon.n=4",
             "bon.max_tokens=8", "bon.reward_models.pgenrm_shipped.generation.max_tokens=24"]
-    done = run_cli("quickstart", "--out", str(out), *[a for s in sets for a in ("--set", s)])
+    done = run_cli("quickstart", "--out", str(out), *[a for s in sets for a in ("--set", s)], hang_timeout_s=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (out / "data" / "manifest.json").is_file() and (out / "eval" / "report.md").is_file()
     assert (out / "rl_world" / "manifest.json").is_file() and (out / "rl" / "history.json").is_file()

@@ -62,7 +62,7 @@ def local_cluster(head_resources: dict | None = None, worker_resources: dict | N
             assert f"{d}/session_" not in left, f"the test's Ray node ({d}) is still running"
 
 
-def submit_and_wait(address: str, env: dict, recipe: str, out: Path, sets: list[str], timeout_s: float = 600,
+def submit_and_wait(address: str, env: dict, recipe: str, out: Path, sets: list[str], timeout_s: float = 1200,
                     command: str = "train"):
     entry = ["python", "-m", "pr_rlhf.cli", command, recipe, "--out", str(out)]
     for s in sets:
@@ -89,7 +89,7 @@ def submit_and_wait(address: str, env: dict, recipe: str, out: Path, sets: list[
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)   # a hang: the jobs take 0.5-2.5 min on a fast 2-core machine
 def test_submit_grpo_recipe(tmp_path):
     out = tmp_path / "run"
     with local_cluster() as (address, env):
@@ -107,7 +107,7 @@ def test_submit_grpo_recipe(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)   # a hang: the jobs take 0.5-2.5 min on a fast 2-core machine
 def test_two_nodes_learner_and_rollout_placed_apart(tmp_path):
     """Head offers `learner_host`, the worker node `rollout_host`: 2 FSDP ranks (gloo) go to the head, the rollout
     worker to the other node, and the weights still reach it every step, as they would across hosts."""
@@ -129,7 +129,7 @@ def test_two_nodes_learner_and_rollout_placed_apart(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)   # a hang: the jobs take 0.5-2.5 min on a fast 2-core machine
 def test_submit_pgenrm_pipeline(tmp_path):
     """The P-GenRM pipeline as a Ray job: every main stage on the cluster's workers (shortened to minutes)."""
     out = tmp_path / "run"
@@ -145,7 +145,7 @@ def test_submit_pgenrm_pipeline(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)   # a hang: the jobs take 0.5-2.5 min on a fast 2-core machine
 def test_submit_bon_sweep(tmp_path):
     """A Best-of-N sweep as a Ray job: pool, scores, curves, the validity report and mlflow metrics."""
     import yaml
