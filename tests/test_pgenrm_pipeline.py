@@ -136,6 +136,17 @@ def test_stage_order_error_names_the_missing_parent(tmp_path):
         pipeline.start_model("cre")
     with pytest.raises(StageOrderError, match="--stage cre"):
         pipeline.start_model("curriculum")
+    # a stage the recipe starts from a given model needs no parent run
+    from pr_rlhf.models.sources import resolve_model
+
+    shipped = str(ROOT / "models" / "pgenrm_tiny")
+    given = PGenRMPipeline(recipe.model_copy(update={"pgenrm": recipe.pgenrm.model_copy(
+        update={"start_from": {"cre": shipped}})}))
+    assert given.start_model("cre") == resolve_model(shipped)
+    with pytest.raises(StageOrderError, match="--stage cre"):
+        given.start_model("curriculum")
+    with pytest.raises(ValueError, match="start_from.base"):
+        PGenRMConfig(start_from={"base": shipped})
 
 
 def pgenrm_cli(recipe: str, out: Path, tmp_path: Path, *, sets=(), stages=(), hang_timeout_s: float):
