@@ -112,7 +112,7 @@ def test_library_never_imports_workers_or_pipelines(path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)   # a hang: 2-core machines take 4-8 min
+@pytest.mark.timeout(1800)   # a hang: ~1.5 min on a fast 2-core machine, twice that on a slow one
 def test_quickstart_runs_every_stage(tmp_path):
     """The README's main job, shrunk: shards, every evaluation cell, then the GRPO stage on its own world."""
     out = tmp_path / "qs"

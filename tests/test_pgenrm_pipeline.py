@@ -141,8 +141,8 @@ def test_stage_order_error_names_the_missing_parent(tmp_path):
 
     shipped = str(ROOT / "models" / "pgenrm_tiny")
     given = PGenRMPipeline(recipe.model_copy(update={"pgenrm": recipe.pgenrm.model_copy(
-        update={"start_from": {"cre": shipped}})}))
-    assert given.start_model("cre") == resolve_model(shipped)
+        update={"start_from": {"cre": shipped, "planner": shipped}})}))
+    assert given.start_model("cre") == given.start_model("planner") == resolve_model(shipped)
     with pytest.raises(StageOrderError, match="--stage cre"):
         given.start_model("curriculum")
     with pytest.raises(ValueError, match="start_from.base"):

@@ -38,7 +38,7 @@ def test_world_shards_are_reused_and_never_confused(world_shards):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)   # a hang: PPO takes ~3 min on a fast 2-core machine, twice that on a slow one
+@pytest.mark.timeout(1800)   # a hang: PPO takes ~2.5 min on a fast 2-core machine, twice that on a slow one
 @pytest.mark.parametrize("name", ["grpo_tiny.yaml", "ppo_tiny.yaml"])
 def test_heldout_reward_rises(ray_cluster, world_shards, tmp_path, name):  # noqa: F811
     """The shipped tiny recipes, unchanged: the mean reward on cold-start users (never trained on) rises from step

@@ -156,10 +156,12 @@ class PGenRMPipeline:
         return json.loads(path.read_text()) if self.is_complete(stage) and path.is_file() else None
 
     def start_model(self, stage: str) -> str:
-        """The model a stage starts from: the recipe's ``start_from`` for it, else the initial model (a stage
-        without a parent), else its parent stage's output."""
+        """The model a stage starts from: the recipe's ``start_from`` for it, else the initial model (the planner's
+        own for the planner; a stage without a parent), else its parent stage's output."""
         if stage in self.cfg.start_from:
             return resolve_model(self.cfg.start_from[stage])
+        if stage == "planner":
+            return resolve_model(self.cfg.planner.model)
         parent = STAGE_PARENT[stage]
         if parent is None:
             return resolve_model(self.cfg.model)
@@ -189,7 +191,7 @@ class PGenRMPipeline:
         return results
 
     def run_stage(self, stage: str) -> dict:
-        start = resolve_model(self.cfg.planner.model) if stage == "planner" else self.start_model(stage)
+        start = self.start_model(stage)
         sdir = self.stage_dir(stage)
         sdir.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
