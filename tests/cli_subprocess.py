@@ -6,6 +6,7 @@ the error shows the tail of what the command printed.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,10 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def kill_session(pid: int) -> None:
     """SIGKILL every process of the session ``pid`` leads (the command and everything it started)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def run_cli(args: list[str], *, hang_timeout_s: float, cwd: Path = ROOT,

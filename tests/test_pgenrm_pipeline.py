@@ -17,6 +17,7 @@ from tests.cli_subprocess import run_cli
 ROOT = Path(__file__).resolve().parents[1]
 # Hang timeouts of the CLI runs below (seconds)
 HANG_PSI_S, HANG_RL_S, HANG_RESUME_S, HANG_SCALING_S = 3600, 2400, 900, 1800
+CLI_ENV = {**os.environ, "RAY_AUTH_MODE": "disabled"}   # the command's own loopback-only Ray
 
 
 def test_psi_lr_schedule_warms_up_then_decays_to_the_floor():
@@ -156,7 +157,7 @@ def pgenrm_cli(recipe: str, out: Path, tmp_path: Path, *, sets=(), stages=(), ha
         args += ["--set", s]
     for stage in stages:
         args += ["--stage", stage]
-    return run_cli(args, cwd=tmp_path, env={**os.environ, "RAY_AUTH_MODE": "disabled"}, hang_timeout_s=hang_timeout_s)
+    return run_cli(args, cwd=tmp_path, env=CLI_ENV, hang_timeout_s=hang_timeout_s)
 
 
 def stage_results(out: Path, stages) -> dict:
@@ -261,8 +262,7 @@ def test_rl_stages_from_the_shipped_genrm_run_resume_and_scale(tmp_path):
         "model": str(out / "curriculum" / "model"), "shards": str(tmp_path / "data"), "world": world,
         "points": [[0, 0], [2, 0], [2, 2], [0, 2]], "seen_pairs": 8, "cold_pairs": 8, "out": str(tmp_path / "sc"),
         "scaling": {"prototypes": {"k": 4, "refine_steps": 10, "candidate_ks": [2, 4]}}}}))
-    grid = run_cli(["scaling", str(scaling_recipe)], cwd=tmp_path, env={**os.environ, "RAY_AUTH_MODE": "disabled"},
-                   hang_timeout_s=HANG_SCALING_S)
+    grid = run_cli(["scaling", str(scaling_recipe)], cwd=tmp_path, env=CLI_ENV, hang_timeout_s=HANG_SCALING_S)
     assert grid.returncode == 0, grid.stdout[-3000:] + grid.stderr[-3000:]
     report = json.loads((tmp_path / "sc" / "scaling_grid.json").read_text())
     assert {(r["group"], r["m"], r["n"]) for r in report["rows"]} == {

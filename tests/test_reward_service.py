@@ -21,6 +21,7 @@ from pr_rlhf.config_base import EngineConfig
 from pr_rlhf.reward.config import RewardConfig
 from pr_rlhf.serve.config import ServeConfig
 from pr_rlhf.world import WorldConfig, build_world
+from tests.cli_subprocess import kill_session
 from tests.ray_fixtures import ray_cluster  # noqa: F401  (a session-wide Ray cluster)
 
 ray = pytest.importorskip("ray")
@@ -302,10 +303,7 @@ def test_serve_reward_command_with_bearer_token(tmp_path):
             proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
             pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)      # whatever of its session is left
-        except ProcessLookupError:
-            pass
+        kill_session(proc.pid)      # whatever of its session is left
         proc.wait(timeout=30)
     reader.join(timeout=30)
     text = "".join(lines)
