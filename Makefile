@@ -22,7 +22,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup quickstart test test-fast clean-venv
+.PHONY: setup quickstart lint test test-fast clean-venv
 
 setup: $(STAMP)
 
@@ -43,12 +43,18 @@ $(STAMP): setup.py constraints.txt Makefile
 quickstart: $(STAMP)
 	$(VENV)/bin/pr-rlhf quickstart --out runs/quickstart
 
-test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+# The layer contracts (pyproject.toml [tool.importlinter]) and ruff run before any test.
+lint: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/ruff check .
 
-# Everyday loop: skips the tests marked slow (CI runs them all through `make test`).
+# All tiers, in order: tests/unit, tests/integration, tests/e2e (what CI runs).
+test: lint
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Everyday loop: the unit tier only (no Ray, no vLLM; about a minute).
 test-fast: $(STAMP)
-	$(MAKE) test PYTEST_ARGS="-m 'not slow'"
+	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

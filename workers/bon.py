@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pr_rlhf.bon.config import BoNConfig
+from pr_rlhf.configs.bon import BoNConfig
 from pr_rlhf.models.base import SamplingParams
 from pr_rlhf.shards import ShardReader
 from workers.controller import PromptItem, make_item
@@ -30,7 +30,7 @@ def load_bon_prompts(cfg: BoNConfig, seed: int) -> list[tuple[PromptItem, dict]]
     models and judges may see: the query's retrieved profile posts, the user's first ``history_pairs`` train pairs
     as (question, chosen, rejected) triples, and the query's rubric aspects and narrative for a rubric judge)."""
     from pr_rlhf.reward.inputs import history_rows_by_user
-    from pr_rlhf.train.rl_config import RLDataConfig
+    from pr_rlhf.configs.rl import RLDataConfig
 
     reader = ShardReader(cfg.shards)
     cold = {(r["user_id"], r["subset"]) for r in reader.iter_rows("profiles") if r.get("cold_start")}

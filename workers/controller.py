@@ -18,13 +18,13 @@ import numpy as np
 import torch
 
 from pr_rlhf.algos import ADVANTAGE_ESTIMATORS, apply_kl_to_rewards, kl_penalty
-from pr_rlhf.config import Recipe, dump_recipe
+from pr_rlhf.configs.recipe import Recipe, dump_recipe
 from pr_rlhf.eval.metrics import accuracy_ci
 from pr_rlhf.models.base import SamplingParams
 from pr_rlhf.reward.inputs import policy_messages
 from pr_rlhf.shards import ShardReader
 from pr_rlhf.tracking import make_tracker
-from pr_rlhf.train.rl_config import RLConfig, RLDataConfig
+from pr_rlhf.configs.rl import RLConfig, RLDataConfig
 
 PER_PROMPT = "heldout_reward_per_prompt"   # an evaluation's mean reward per held-out prompt (same prompts each time)
 COMPLETE = "COMPLETE"          # written last into a checkpoint folder: only complete ones are resumed from
@@ -260,7 +260,7 @@ class RLController:
         """The gold reward must judge in the very world the shards were built from: take it from their manifest."""
         reward = self.recipe.reward
         if reward.kind == "gold":
-            from pr_rlhf.world.config import WorldConfig
+            from pr_rlhf.configs.world import WorldConfig
 
             built = ShardReader(self.cfg.data.shards).manifest.get("config", {}).get("world")
             if built is None:

@@ -83,7 +83,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pr_rlhf.train.config import LearnerConfig
+from pr_rlhf.configs.learner import LearnerConfig
 from workers.ray_utils import release_bundles, reserve_bundles
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -632,7 +632,7 @@ class LearnerWorker:
 
         packed = None
         if self.config.shared_prefix:
-            from pr_rlhf.train.packing import pack_shared_prefix
+            from pr_rlhf.rl.packing import pack_shared_prefix
 
             packed = pack_shared_prefix(mb["prompt_ids"], mb["prompt_mask"], mb["response_ids"],
                                         mb["response_attention_mask"], self.pad_token_id)

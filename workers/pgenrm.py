@@ -18,17 +18,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pr_rlhf.config import EvalConfig, GenerationConfig, Recipe, TrackingConfig, dump_recipe
-from pr_rlhf.config_base import EngineConfig
+from pr_rlhf.configs.recipe import EvalConfig, GenerationConfig, Recipe, TrackingConfig, dump_recipe
+from pr_rlhf.configs.base import EngineConfig
 from pr_rlhf.eval.metrics import accuracy_ci
 from pr_rlhf.models.base import SamplingParams
 from pr_rlhf.models.sources import resolve_model
-from pr_rlhf.pgenrm.config import STAGE_PARENT, GRPOStageConfig, PGenRMConfig, SFTStageConfig
+from pr_rlhf.configs.pgenrm import STAGE_PARENT, GRPOStageConfig, PGenRMConfig, SFTStageConfig
 from pr_rlhf.pgenrm.cre_reward import cre_reward
 from pr_rlhf.pgenrm.curriculum import hard_share_at, step_prompts
 from pr_rlhf.pgenrm.psi_data import PSIExample, psi_examples
 from pr_rlhf.tracking import make_tracker
-from pr_rlhf.train.rl_config import RLConfig
+from pr_rlhf.configs.rl import RLConfig
 from pr_rlhf.world.generator import World, build_world
 from pr_rlhf.world.reference import WorldPrior
 from workers.controller import (COMPLETE, Timer, batch_at, generate_sharded, policy_update, read_checkpoint,

@@ -1,7 +1,7 @@
 """Reward scoring on Ray: :class:`RewardWorker` actors, each hosting one scorer, and :class:`RewardPool`, the
 plain-Python client the controller uses to score a batch of requests with them.
 
-Scorers (chosen by :class:`~pr_rlhf.reward.config.RewardConfig`; see :func:`build_scorer`):
+Scorers (chosen by :class:`~pr_rlhf.configs.reward.RewardConfig`; see :func:`build_scorer`):
 
 - ``gold``: ``World.gold_utility(response, user_id)``; an unknown user is an ``unknown_user`` error.
 - ``world_estimate``: ``w_hat . x`` with a reference predictor's estimate of the user's weights (BoN validity sets).
@@ -53,8 +53,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import pr_rlhf.config  # noqa: F401 -- first: it imports pr_rlhf.reward.config at its end (Recipe.reward)
-from pr_rlhf.reward.config import RewardConfig
+from pr_rlhf.configs.reward import RewardConfig
 from pr_rlhf.reward.inputs import RMInput
 
 Score = tuple[float | None, str | None]  # (reward, error kind/message): exactly one of them is None

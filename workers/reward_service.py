@@ -26,7 +26,7 @@ from typing import Any
 from fastapi import FastAPI, Header, HTTPException
 from ray import serve
 
-from pr_rlhf.serve.config import ServeConfig
+from pr_rlhf.configs.serve import ServeConfig
 from pr_rlhf.serve.schema import OpenRLHFRequest, ScoreBatch, ScoreItem, ScoreResult
 
 app = FastAPI(title="pr_rlhf personalized reward")

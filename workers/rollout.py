@@ -1,4 +1,4 @@
-"""RolloutWorker: one generation engine (``hf`` or ``vllm``, from an :class:`~pr_rlhf.config.EngineConfig`) in
+"""RolloutWorker: one generation engine (``hf`` or ``vllm``, from an :class:`~pr_rlhf.configs.recipe.EngineConfig`) in
 a Ray actor, with in-place weight updates for RL.
 
 - ``generate(prompts, params)`` -> one :class:`~pr_rlhf.models.base.Generation` per prompt (``params.n`` samples
@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pr_rlhf.config import EngineConfig
+from pr_rlhf.configs.recipe import EngineConfig
 from pr_rlhf.models import Generation, Prompt, SamplingParams, make_engine
 
 ROLLOUT_BACKENDS = ("hf", "vllm")

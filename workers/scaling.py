@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from pr_rlhf.config import Recipe
-from pr_rlhf.scaling.config import ScalingEvalConfig
+from pr_rlhf.configs.recipe import Recipe
+from pr_rlhf.configs.scaling import ScalingEvalConfig
 
 
 def build_prototypes(cfg: ScalingEvalConfig, engine: Any, embedder: Any, seed: int, out: Path,
@@ -86,7 +86,7 @@ def run_grid(cfg_json: str, seed: int, threads: int) -> dict[str, Any]:
     import torch
     from tqdm import tqdm
 
-    from pr_rlhf.config_base import EngineConfig
+    from pr_rlhf.configs.base import EngineConfig
     from pr_rlhf.models import make_engine
     from pr_rlhf.models.embedders import make_embedder
     from pr_rlhf.scaling.grid import GROUPS, grid_rows, group_inputs

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from pr_rlhf.config import EngineConfig, EvalConfig, Recipe, dump_recipe
+from pr_rlhf.configs.recipe import EngineConfig, EvalConfig, Recipe, dump_recipe
 from pr_rlhf.eval.metrics import Prediction
 from pr_rlhf.eval.report import Report, metrics_for_tracking, write_report
 from pr_rlhf.models.base import SamplingParams

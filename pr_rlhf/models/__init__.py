@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from pr_rlhf.models.base import Engine, Generation, Prompt, Sample, SamplingParams
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pr_rlhf.config import EngineConfig
+    from pr_rlhf.configs.recipe import EngineConfig
 
 __all__ = ["Engine", "Generation", "Prompt", "Sample", "SamplingParams", "make_engine", "resolve_model"]
 

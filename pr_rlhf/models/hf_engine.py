@@ -34,7 +34,7 @@ from pr_rlhf.models.prompting import (
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from pr_rlhf.config import EngineConfig
+    from pr_rlhf.configs.recipe import EngineConfig
 
 
 def _torch_dtype(name: str) -> Any:

@@ -42,7 +42,7 @@ from pr_rlhf.models.prompting import (
 if TYPE_CHECKING:  # pragma: no cover
     import httpx
 
-    from pr_rlhf.config import EngineConfig
+    from pr_rlhf.configs.recipe import EngineConfig
 
 log = logging.getLogger(__name__)
 

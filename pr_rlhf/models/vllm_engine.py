@@ -31,7 +31,7 @@ from pr_rlhf.models.prompting import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pr_rlhf.config import EngineConfig
+    from pr_rlhf.configs.recipe import EngineConfig
 
 log = logging.getLogger(__name__)
 

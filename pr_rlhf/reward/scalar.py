@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pr_rlhf.config import ScalarRMConfig
+from pr_rlhf.configs.recipe import ScalarRMConfig
 from pr_rlhf.prompts import fragment
 from pr_rlhf.reward.inputs import InputMode, RMInput, conversation_block, user_block
 from pr_rlhf.reward.pointwise import PointScores

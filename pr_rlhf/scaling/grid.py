@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from pr_rlhf.config import EvalConfig
+from pr_rlhf.configs.recipe import EvalConfig
 from pr_rlhf.eval.metrics import accuracy_ci
 from pr_rlhf.reward.inputs import RMInput, history_rows_by_user, rm_inputs_from_rows
-from pr_rlhf.scaling.config import ScalingEvalConfig
+from pr_rlhf.configs.scaling import ScalingEvalConfig
 from pr_rlhf.scaling.scorer import Evidence, decide
 from pr_rlhf.shards import ShardReader
 

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from pr_rlhf.config_base import StrictModel
+from pr_rlhf.configs.base import StrictModel
 
 FORMAT_VERSION = 1
 SUPPORTED_FORMAT_VERSIONS = (1,)

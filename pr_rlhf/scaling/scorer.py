@@ -16,7 +16,7 @@ from typing import Any
 from pr_rlhf.models.base import Engine, Generation, SamplingParams
 from pr_rlhf.reward.inputs import InputMode, RMInput
 from pr_rlhf.reward.judge import JudgeFormat, PairwiseJudge, Slot, chosen_slot
-from pr_rlhf.scaling.config import ScalingConfig
+from pr_rlhf.configs.scaling import ScalingConfig
 from pr_rlhf.scaling.fusion import (
     ChainScores,
     Scores,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pr_rlhf.world.config import WorldConfig
+from pr_rlhf.configs.world import WorldConfig
 
 _LAZY = {
     "World": "generator", "WorldPair": "generator", "WorldUser": "generator", "build_world": "generator",

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pr_rlhf.world.config import CATALOG_ORDER, NOT_COMPACT
+from pr_rlhf.configs.world import CATALOG_ORDER, NOT_COMPACT
 from pr_rlhf.world.topics import GENERIC_ADVICE, Topic
 
 # "length" is 1 for answers of at least this many words. 100 (PRB's answer budget) leaves room for a short answer

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from pr_rlhf.world.attributes import CATALOG, detect, draw_plan, gold_utility, render_compact, render_varied
-from pr_rlhf.world.config import WorldConfig
+from pr_rlhf.configs.world import WorldConfig
 from pr_rlhf.world.topics import GENERIC_NARRATIVES, SUBSETS, TOPICS, Topic, topics_of
 
 _STREAMS = {"archetypes": 1, "user": 2, "pairs": 3, "text": 4, "profile": 5, "oracle": 6, "bootstrap": 7,

@@ -1,0 +1,143 @@
+"""Typed configuration of the learner (policy / reference / critic training workers, ``workers.learner``).
+
+Pydantic only: importable without torch or Ray, so a recipe is validated before any worker starts. Names and
+defaults follow verl's actor / critic config where one exists (``clip_ratio_low`` / ``clip_ratio_high`` /
+``clip_ratio_c``, ``loss_agg_mode``, ``ppo_epochs``, ``kl_loss_type`` -> ``kl.kind``).
+
+Batch sizes are counted in samples (one prompt + one response):
+
+- ``mini_batch_size`` (global, over all ranks): samples per optimizer step; ``None`` = the whole batch passed to
+  ``update_policy`` is one mini-batch (one optimizer step per PPO epoch).
+- ``micro_batch_size`` (per rank): samples per forward/backward; gradients are accumulated over the micro-batches
+  of a mini-batch. The loss is normalized by the *global* mini-batch token (or sequence) count, so the result of
+  a step does not depend on the number of ranks or on the micro-batch size.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from pr_rlhf.configs.base import StrictModel
+
+Strategy = Literal["fsdp2", "deepspeed", "none"]
+LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                      "seq-mean-token-mean"]
+KLKind = Literal["k1", "k2", "k3", "abs", "k1+", "k3+", "abs+"]
+
+
+class KLConfig(StrictModel):
+    """KL to the frozen reference policy (the initial weights)."""
+
+    coef: float = Field(0.0, ge=0, description="beta; 0 disables the KL term (and the reference model is then "
+                                                 "only built if compute_ref_logprobs is called)")
+    kind: KLKind = Field("k3", description="per-token estimator: k1 = logp - ref, k2 = 0.5 d^2, k3 = "
+                                           "exp(-d) + d - 1 (verl low_var_kl); a '+' suffix takes k2's gradient")
+    where: Literal["reward", "loss"] = Field(
+        "loss", description="'loss': coef * agg(kl) is added to the policy loss by the learner (GRPO); 'reward': "
+                            "the controller subtracts coef * kl from the token rewards (PPO) and the learner "
+                            "only supplies ref log-probs")
+
+
+class CriticConfig(StrictModel):
+    """The PPO value model: the policy's backbone (a copy of the initial weights) with a scalar head."""
+
+    enabled: bool = False
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    cliprange_value: float = Field(0.5, gt=0, description="values are clipped to old +- this (verl: 0.5)")
+    micro_batch_size: int | None = Field(None, ge=1, description="default: the learner's micro_batch_size")
+
+
+class LearnerConfig(StrictModel):
+    """Every knob of ``workers.learner.LearnerWorker`` / ``LearnerGroup``."""
+
+    model: str = Field("tiny", description="model spec for pr_rlhf.models.sources.resolve_model: 'tiny', "
+                                           "'smollm2', or a local HF causal-LM directory")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="compute dtype. Master weights and optimizer state stay float32 (FSDP2 mixed "
+                               "precision casts parameters for compute and reduces gradients in float32)")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto': cuda when the worker sees a GPU")
+    world_size: int = Field(1, ge=1, description="number of learner ranks (Ray actors, one per GPU / CPU slot)")
+    strategy: Strategy = Field("fsdp2", description="'fsdp2' (torch fully_shard; gloo on CPU, nccl on GPU), "
+                                                    "'deepspeed' (ZeRO, needs the deepspeed package), 'none' "
+                                                    "(a plain module; world_size 1 only)")
+    zero_stage: int = Field(2, ge=1, le=3, description="ZeRO stage (strategy 'deepspeed' only)")
+    num_cpus_per_worker: float = Field(0.5, gt=0, description="Ray CPU resources per rank (fractional lets two "
+                                                              "ranks fit a 2-core machine)")
+    num_gpus_per_worker: float = Field(1.0, gt=0, le=1, description="GPU share of a rank on GPU (0.5 lets a rank "
+                                                                     "and a rollout worker share one GPU)")
+    attn_implementation: Literal["auto", "sdpa", "flash_attention_2", "eager"] = Field(
+        "auto", description="'auto': flash_attention_2 on CUDA when flash-attn is installed, else sdpa")
+    resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources per rank (in its "
+                                                                         "placement-group bundle), e.g. "
+                                                                         "{learner_host: 1} pins ranks to the "
+                                                                         "nodes that offer it")
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="placement-group strategy of the ranks' bundles (STRICT_SPREAD: one rank per node)")
+    torch_threads: int | None = Field(None, ge=1, description="intra-op CPU threads of each rank; None: Ray's "
+                                                              "default (floor(num_cpus_per_worker), at least 1)")
+    gradient_checkpointing: bool = False
+
+    # optimizer (AdamW)
+    lr: float = Field(1e-6, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    grad_clip: float | None = Field(1.0, gt=0, description="max global grad norm (clip_grad_norm_); None: no "
+                                                           "clipping (the norm is still reported)")
+
+    # batching
+    micro_batch_size: int = Field(4, ge=1, description="samples per forward/backward on one rank")
+    shared_prefix: bool = Field(True, description="compute a prompt shared by several samples of a micro-batch "
+                                                  "once (GRPO groups), packing its responses behind it with a "
+                                                  "block attention mask; identical log-probs, fewer tokens")
+    forward_micro_batch_size: int | None = Field(None, ge=1, description="samples per no-grad forward "
+                                                                        "(log-probs, values); default: "
+                                                                        "micro_batch_size")
+    mini_batch_size: int | None = Field(None, ge=1, description="global samples per optimizer step; None: the "
+                                                                "whole update batch")
+    ppo_epochs: int = Field(1, ge=1)
+
+    # policy loss
+    policy_loss: str = Field("clipped", description="name in pr_rlhf.algos.POLICY_LOSSES: 'clipped', "
+                                                    "'dual_clip'")
+    clip_ratio_low: float = Field(0.2, ge=0, lt=1)
+    clip_ratio_high: float = Field(0.2, ge=0, description="> clip_ratio_low gives DAPO's clip-higher")
+    clip_ratio_c: float = Field(3.0, gt=1, description="dual-clip bound for negative advantages")
+    loss_agg_mode: LossAggMode = "token-mean"
+    entropy_coef: float = Field(0.0, ge=0, description="coef * entropy is subtracted from the loss; the "
+                                                       "entropy is always reported")
+    temperature: float = Field(1.0, gt=0, description="logits are divided by this before log-softmax: use the "
+                                                      "rollout's sampling temperature")
+
+    kl: KLConfig = Field(default_factory=KLConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    seed: int = 0
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError(f"betas must be in [0, 1), got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LearnerConfig:
+        if self.strategy == "none" and self.world_size != 1:
+            raise ValueError("strategy 'none' runs a single rank: set world_size 1 (or strategy 'fsdp2')")
+        return self
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the reference model is built eagerly (it is needed for the KL term)."""
+        return self.kl.coef > 0
+
+    def single_update(self, batch_samples: int) -> bool:
+        """Whether updating on ``batch_samples`` samples is one on-policy optimizer step (one epoch over one
+        mini-batch): then the learner takes the old log-probs from its own forward."""
+        return self.ppo_epochs == 1 and (self.mini_batch_size is None or self.mini_batch_size >= batch_samples)
+
+    @property
+    def kl_in_loss(self) -> bool:
+        return self.kl.coef > 0 and self.kl.where == "loss"

@@ -1,0 +1,158 @@
+"""Typed configuration of the P-GenRM training pipeline (the ``pgenrm:`` section of a recipe): PSI (SFT on oracle
+chains) -> CRE (GRPO with process + outcome rewards) -> hard-negative curriculum (GRPO, outcome only, the share of
+hard pairs rising), and the planner's SFT. Pydantic only: ``pr-rlhf check`` validates it without torch or Ray.
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from pr_rlhf.configs.base import EngineConfig, StrictModel
+from pr_rlhf.configs.learner import KLConfig, LearnerConfig
+from pr_rlhf.configs.world import WorldConfig
+
+Stage = Literal["base", "psi", "cre", "curriculum", "cre_no_pr", "cre_no_or", "planner"]
+# Each GenRM stage starts from the model the previous one wrote (base: the initial model, evaluated only).
+STAGE_PARENT: dict[str, str | None] = {"base": None, "psi": None, "cre": "psi", "curriculum": "cre",
+                                       "cre_no_pr": "psi", "cre_no_or": "psi", "planner": None}
+MAIN_STAGES: tuple[str, ...] = ("base", "psi", "cre", "curriculum")
+
+
+class SFTStageConfig(StrictModel):
+    """A supervised stage on the learner group (loss on the target tokens only)."""
+
+    steps: int = Field(600, ge=1)
+    batch_size: int = Field(16, ge=1)
+    lr: float = Field(1e-3, gt=0, description="peak learning rate (linear warm-up, then cosine decay)")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="the cosine decays to lr * this")
+    warmup_steps: int = Field(20, ge=0)
+    checkpoint_every: int = Field(100, ge=1)
+
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up to ``lr`` over ``warmup_steps``, then cosine decay to ``lr * min_lr_ratio``."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        progress = (step - self.warmup_steps) / max(self.steps - self.warmup_steps - 1, 1)
+        floor = self.lr * self.min_lr_ratio
+        return floor + (self.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+class PSIConfig(SFTStageConfig):
+    """PSI: SFT on the oracle teacher's rejection-sampled evaluation chains."""
+
+    history_variants: int = Field(4, ge=1, description="(history, pair) draws per train pair: more distinct "
+                                                       "examples from the same users (psi_data.psi_examples)")
+
+
+class GRPOStageConfig(StrictModel):
+    """A GRPO stage on the GenRM: prompts are (history, pair) of seen users' train pairs, each sampled
+    ``group_size`` times; the reward of a chain is alpha * PR + beta * OR (format errors: ``format_penalty``)."""
+
+    steps: int = Field(60, ge=1)
+    prompts_per_step: int = Field(16, ge=1)
+    group_size: int = Field(4, ge=2)
+    temperature: float = Field(1.0, gt=0)
+    max_tokens: int = Field(448, ge=16)
+    lr: float = Field(2e-4, gt=0)
+    advantage: Literal["grpo", "grpo_no_std", "rloo"] = Field(
+        "grpo", description="group advantage: 'grpo' divides by the group's std, which blows a small PR "
+                            "difference between chains up to a full-size advantage; 'grpo_no_std' (Dr. GRPO) keeps "
+                            "advantages in reward units")
+    alpha: float = Field(0.5, ge=0, description="weight of the process reward PR (criteria coverage)")
+    beta: float = Field(1.0, ge=0, description="weight of the outcome reward OR (prefers the chosen answer)")
+    format_penalty: float = Field(-0.1, description="reward of a chain that does not parse")
+    kl: KLConfig = Field(default_factory=lambda: KLConfig(coef=0.02, kind="k3", where="loss"),
+                         description="KL to the stage's starting model (the SFT model for CRE)")
+    hard_share_start: float | None = Field(None, ge=0, le=1, description="curriculum: share of hard-negative "
+                                           "prompts at the first step (None: the data's natural mix)")
+    hard_share_end: float | None = Field(None, ge=0, le=1, description="curriculum: share at the last step")
+    checkpoint_every: int = Field(20, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> GRPOStageConfig:
+        if (self.hard_share_start is None) != (self.hard_share_end is None):
+            raise ValueError("set both hard_share_start and hard_share_end (a curriculum), or neither")
+        if self.alpha == 0 and self.beta == 0:
+            raise ValueError("alpha and beta are both 0: every chain would get the same reward")
+        return self
+
+
+class PlannerStageConfig(SFTStageConfig):
+    """SFT of the planner: (query, top-k profile) -> the gold rubric's aspects; aspect precision/recall on held-out
+    (val + test) queries, before and after."""
+
+    steps: int = Field(300, ge=1)
+    model: str = Field("tiny-genrm", description="the planner's initial model (trained from scratch when tiny)")
+    top_k: int = Field(10, ge=1, description="profile posts in the planner's prompt")
+    max_tokens: int = Field(96, ge=8)
+    eval_queries: int = Field(200, ge=1, description="held-out (val + test) queries scored (seeded sample)")
+
+
+class PGenRMEvalConfig(StrictModel):
+    """Stage evaluations: `pr-rlhf eval` (pairwise, compact SEC prompt, greedy) on held-out pairs of seen users
+    (val + test) and of cold-start users (test)."""
+
+    seen_pairs: int | None = Field(None, ge=1, description="seeded sample of the seen users' held-out pairs "
+                                                         "(None: all)")
+    cold_pairs: int | None = Field(None, ge=1)
+    max_tokens: int = Field(448, ge=16)
+    n_bootstrap: int = Field(1000, ge=10)
+    history_pairs: int = Field(3, ge=1)
+
+
+class PGenRMConfig(StrictModel):
+    world: WorldConfig = Field(default_factory=lambda: WorldConfig(rendering="compact"),
+                               description="the synthetic world trained and evaluated on")
+    shards: str = Field("runs/pgenrm/data", description="the world's shards (built when absent)")
+    out: str = "runs/pgenrm"
+    model: str = Field("tiny-genrm", description="initial GenRM: a tiny spec (from scratch), 'smollm2', a path")
+    stages: list[Stage] = Field(default_factory=lambda: list(MAIN_STAGES),
+                                description="stages to run, in order; a finished stage is not run again")
+    start_from: dict[Stage, str] = Field(
+        default_factory=dict, description="the model a stage starts from instead of its parent stage's output "
+                                          "(a model spec or path), e.g. {cre: models/pgenrm_tiny}: the RL stages "
+                                          "from an already trained GenRM, without running PSI")
+    history_size: int = Field(3, ge=1, description="history pairs in every prompt (training and evaluation)")
+    chain_style: Literal["compact", "trace", "vote"] = Field(
+        "trace", description="the oracle chains: 'vote' (the trace chain whose persona votes for the user's type: "
+                             "per history line the types it agrees with, the votes, the type, whose weights make "
+                             "the rubric), 'trace' (history lines and responses transliterated in catalog order, the "
+                             "posterior's direction, a Fit line, the rubric over every attribute) or 'compact' "
+                             "(evidence lines naming the attributes that differ, a rubric over those)")
+    learner: LearnerConfig = Field(default_factory=lambda: LearnerConfig(
+        model="tiny-genrm", lr=2e-4, micro_batch_size=16, weight_decay=0.0, betas=(0.9, 0.95),
+        num_cpus_per_worker=1.0))
+    rollout: EngineConfig = Field(default_factory=lambda: EngineConfig(backend="hf", model="tiny-genrm"))
+    rollout_workers: int = Field(1, ge=1)
+    rollout_num_cpus: float = Field(1.0, gt=0)
+    rollout_num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per rollout worker (a vLLM rollout on GPU)")
+    torch_threads: int = Field(2, ge=1, description="CPU threads of each learner rank, rollout worker and "
+                                                    "evaluation (Ray would give a 1-CPU actor one thread)")
+    psi: PSIConfig = Field(default_factory=PSIConfig)
+    cre: GRPOStageConfig = Field(default_factory=GRPOStageConfig)
+    curriculum: GRPOStageConfig = Field(default_factory=lambda: GRPOStageConfig(
+        alpha=0.0, hard_share_start=0.33, hard_share_end=0.8))
+    planner: PlannerStageConfig = Field(default_factory=PlannerStageConfig)
+    eval: PGenRMEvalConfig = Field(default_factory=PGenRMEvalConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> PGenRMConfig:
+        if self.world.rendering != "compact" and self.model.startswith("tiny"):
+            raise ValueError("a tiny GenRM from scratch needs the compact world rendering (world.rendering)")
+        if len(set(self.stages)) != len(self.stages):
+            raise ValueError(f"stages {self.stages} name a stage twice")
+        if "base" in self.start_from:
+            raise ValueError("start_from.base: the base stage evaluates `model`; set `model` instead")
+        return self
+
+    def stage_config(self, stage: str) -> GRPOStageConfig:
+        """The GRPO settings of a GRPO stage (the ablations are CRE without PR or without OR)."""
+        if stage == "curriculum":
+            return self.curriculum
+        if stage == "cre_no_pr":
+            return self.cre.model_copy(update={"alpha": 0.0})
+        if stage == "cre_no_or":
+            return self.cre.model_copy(update={"beta": 0.0})
+        return self.cre

@@ -1,0 +1,167 @@
+"""Typed recipe schema, YAML loading and dotted command-line overrides.
+
+Imports pydantic and yaml only (never torch or Ray), so the CLI answers ``--help`` and rejects a bad recipe fast.
+A recipe is YAML; any field can be overridden from the command line as ``a.b.c=value`` (the value is parsed as
+YAML, so ``data.top_k=5`` is an int and ``world.rendering=varied`` a string).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pr_rlhf.configs.base import EngineConfig, GenerationConfig, ScalarRMConfig, StrictModel
+from pr_rlhf.configs.pgenrm import PGenRMConfig
+from pr_rlhf.configs.scaling import ScalingEvalConfig
+from pr_rlhf.configs.bon import BoNConfig
+from pr_rlhf.configs.reward import RewardConfig
+from pr_rlhf.configs.serve import ServeConfig
+from pr_rlhf.configs.rl import RLConfig
+from pr_rlhf.configs.world import WorldConfig
+
+__all__ = ["DataConfig", "EngineConfig", "EvalConfig", "GenerationConfig", "Recipe", "RecipeError", "RewardConfig",
+           "RLConfig", "ScalarRMConfig", "StrictModel", "TrackingConfig", "load_recipe"]
+
+SourceName = Literal["synthetic", "prb", "lamp_qa", "personal_rewardbench"]
+
+
+class RetrievalConfig(StrictModel):
+    embedder: str = Field("minilm", description="'minilm' (shipped all-MiniLM-L6-v2), 'bm25', or a local "
+                                                "sentence-transformers / HF encoder directory")
+    top_k: int = Field(10, ge=1, le=1000, description="profile items kept per query")
+    batch_size: int = Field(64, ge=1)
+    cache_dir: str | None = Field(None, description="persist embeddings here (keyed by content hash)")
+
+
+class ShardsConfig(StrictModel):
+    max_rows_per_shard: int = Field(20_000, ge=1)
+    batch_rows: int = Field(1_000, ge=1)
+    compression: Literal["zstd", "lz4"] = "zstd"
+
+
+class DataConfig(StrictModel):
+    source: SourceName = "synthetic"
+    input: str | None = Field(None, description="local directory or HF dataset name (not used by 'synthetic')")
+    out: str = "data/synthetic"
+    skip_invalid: bool = Field(False, description="skip, count and report invalid records instead of stopping")
+    subsets: list[str] | None = None
+    options: dict[str, Any] = Field(default_factory=dict, description="source-specific options, e.g. survey=PATH")
+    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
+    shards: ShardsConfig = Field(default_factory=ShardsConfig)
+
+
+class EvalConfig(StrictModel):
+    shards: str = Field("runs/quickstart/data", description="shard directory built by `pr-rlhf data build`")
+    split: str = Field("test", description="split of the evaluated pairs; several joined by '+' (val+test)")
+    subsets: list[str] | None = None
+    max_pairs: int | None = Field(None, ge=1, description="evaluate a seeded sample of at most this many pairs")
+    modes: list[Literal["pointwise", "pairwise"]] = Field(default_factory=lambda: ["pointwise", "pairwise"])
+    inputs: list[Literal["none", "profile", "plan"]] = Field(default_factory=lambda: ["none", "profile", "plan"])
+    pointwise_model: Literal["scalar", "generative"] = Field("scalar", description="'scalar': sequence-"
+        "classification RM; 'generative': the judge engine rates each answer 1-10")
+    pairwise_format: Literal["judge", "sec", "sec_compact"] = Field(
+        "judge", description="'judge': ends with 'Result: A|B'; 'sec': the P-GenRM evaluation chain; "
+                             "'sec_compact': the same chain from the compact history-only prompt (the small "
+                             "P-GenRM that `pr-rlhf pgenrm` trains)")
+    users: Literal["all", "seen", "cold_start"] = Field(
+        "all", description="evaluate the pairs of all users, of seen users only, or of cold-start users only "
+                           "(the profiles table's cold_start flag)")
+    history_pairs: int = Field(3, ge=0, description="history triples shown to history-based RMs")
+    sec_use_stated_preferences: bool = Field(True, description="show stated preferences to the SEC judge "
+                                                               "(P-GenRM's GRPO stage trains without them)")
+    planner_max_aspects: int = Field(8, ge=1)
+    top_k_profile: int = Field(10, ge=1)
+    both_orders: bool = Field(False, description="judge each pair in both slot orders")
+    n_bootstrap: int = Field(1000, ge=10)
+    out: str = "runs/eval"
+    judge: EngineConfig = Field(default_factory=EngineConfig)
+    planner: EngineConfig | None = Field(None, description="defaults to the judge's engine")
+    scalar_rm: ScalarRMConfig = Field(default_factory=ScalarRMConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+
+
+class TrackingConfig(StrictModel):
+    mlflow_uri: str | None = Field(None, description="mlflow tracking URI; default: $MLFLOW_TRACKING_URI, else "
+                                                     "sqlite:///<run dir>/mlflow.db (works offline)")
+    experiment: str = "pr_rlhf"
+    enabled: bool = True
+
+
+class Recipe(StrictModel):
+    """The root of every recipe file."""
+
+    name: str = "recipe"
+    seed: int = 0
+    data: DataConfig = Field(default_factory=DataConfig)
+    world: WorldConfig = Field(default_factory=WorldConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="the reward pool's scorer")
+    train: RLConfig | None = Field(None, description="an RL run (GRPO / PPO): `pr-rlhf train`")
+    pgenrm: PGenRMConfig | None = Field(None, description="P-GenRM training stages: `pr-rlhf pgenrm`")
+    scaling: ScalingEvalConfig | None = Field(None, description="test-time scaling grid: `pr-rlhf scaling`")
+    bon: BoNConfig | None = Field(None, description="Best-of-N sweep: `pr-rlhf bon`")
+    serve: ServeConfig | None = Field(None, description="the reward service: `pr-rlhf serve-reward`")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be used; the message names the file and the field."""
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def apply_override(tree: dict, dotted: str) -> None:
+    """Set ``a.b.c=value`` inside a nested dict (creating levels as needed)."""
+    if "=" not in dotted:
+        raise RecipeError(f"override {dotted!r} is not of the form key.path=value")
+    key, raw = dotted.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise RecipeError(f"override {dotted!r} has an empty key")
+    node = tree
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise RecipeError(f"override {dotted!r}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+
+
+def format_validation_error(exc: ValidationError, origin: str) -> str:
+    lines = [f"{origin}: invalid recipe"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+        lines.append(f"  field {loc}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None, model: type[M] = Recipe) -> M:
+    """Load a YAML recipe (or the defaults when ``path`` is None), apply overrides, validate."""
+    tree: dict = {}
+    origin = str(path) if path else "<defaults>"
+    if path is not None:
+        p = Path(path)
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except FileNotFoundError:
+            raise RecipeError(f"{p}: recipe file not found")
+        except yaml.YAMLError as exc:
+            raise RecipeError(f"{p}: not valid YAML: {exc}")
+        if loaded is not None and not isinstance(loaded, dict):
+            raise RecipeError(f"{p}: a recipe must be a mapping at the top level, got {type(loaded).__name__}")
+        tree = loaded or {}
+    for ov in overrides or []:
+        apply_override(tree, ov)
+    try:
+        return model.model_validate(tree)
+    except ValidationError as exc:
+        raise RecipeError(format_validation_error(exc, origin)) from None
+
+
+def dump_recipe(recipe: BaseModel) -> str:
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,77 @@
+"""Typed configuration of an RL run (GRPO or PPO with personalized rewards), the ``train:`` section of a recipe.
+
+Pydantic only (no torch, no Ray): ``pr-rlhf check`` validates a recipe before any worker starts.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from pr_rlhf.configs.base import EngineConfig, StrictModel
+from pr_rlhf.configs.learner import LearnerConfig
+from pr_rlhf.configs.world import WorldConfig
+
+
+class RLDataConfig(StrictModel):
+    shards: str = Field("runs/quickstart/data", description="shard directory (`pr-rlhf data build`)")
+    train_split: str = Field("train", description="queries of seen users in this split are training prompts")
+    heldout: Literal["cold_start", "test"] = Field(
+        "cold_start", description="held-out prompts: queries of cold-start users (never trained on), or the "
+                                  "test split when the shards have no cold-start users")
+    heldout_prompts: int = Field(32, ge=1, description="held-out prompts scored at each evaluation")
+    profile_top_k: int = Field(0, ge=0, description="retrieved profile posts shown in the policy prompt")
+    world: WorldConfig | None = Field(
+        None, description="a synthetic world to build the shards from when `shards` does not exist yet (`pr-rlhf "
+                          "train` builds it; shards of another world there are an error)")
+    plan: Literal["none", "rubrics"] = Field(
+        "none", description="aspects shown in the policy prompt: none, or the shards' rubric of each query (the "
+                            "synthetic world's gold rubric; PRB / LaMP-QA rubrics on real data)")
+
+
+class RLConfig(StrictModel):
+    algorithm: Literal["grpo", "ppo"] = "grpo"
+    advantage: str | None = Field(None, description="name in pr_rlhf.algos.ADVANTAGE_ESTIMATORS; default: "
+                                                    "'grpo' for GRPO, 'gae' for PPO")
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(0.95, ge=0, le=1)
+    steps: int = Field(20, ge=1)
+    prompts_per_step: int = Field(8, ge=1)
+    group_size: int = Field(8, ge=1, description="samples per prompt (GRPO's group); PPO commonly uses 1")
+    max_tokens: int = Field(32, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    warmup_sft_steps: int = Field(0, ge=0, description="supervised warm start before RL: steps of next-token "
+                                                       "training on the shards' answers (chosen and rejected "
+                                                       "alike, so the policy learns the answer space, not the "
+                                                       "preferences); a random-init policy needs it")
+    warmup_sft_batch: int = Field(16, ge=1)
+    warmup_sft_lr: float | None = Field(None, gt=0, description="learning rate of the warm start (default: the "
+                                                                "learner's lr, which RL keeps)")
+    eval_every: int = Field(5, ge=1)
+    eval_samples: int = Field(4, ge=1, description="samples per held-out prompt at evaluation")
+    checkpoint_every: int = Field(5, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    resume: bool = Field(True, description="continue from the newest complete checkpoint in out/checkpoints")
+    out: str = "runs/rl"
+    rollout: EngineConfig = Field(default_factory=EngineConfig)
+    rollout_workers: int = Field(1, ge=1)
+    rollout_num_cpus: float = Field(1.0, gt=0, description="Ray CPUs per rollout worker")
+    rollout_num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per rollout worker (1 for a vLLM on GPU)")
+    rollout_resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources per "
+                                                                                  "rollout worker, e.g. "
+                                                                                  "{rollout_host: 1}")
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    data: RLDataConfig = Field(default_factory=RLDataConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RLConfig:
+        if self.algorithm == "grpo" and self.group_size < 2:
+            raise ValueError("GRPO needs group_size >= 2 (advantages are relative to the group)")
+        if self.algorithm == "ppo" and not self.learner.critic.enabled:
+            raise ValueError("PPO needs a critic: set train.learner.critic.enabled=true")
+        return self
+
+    @property
+    def advantage_estimator(self) -> str:
+        return self.advantage or ("grpo" if self.algorithm == "grpo" else "gae")

@@ -1,0 +1,84 @@
+"""Typed configuration of test-time user-based scaling (PROTOCOLS.md section 4): m individual chains per input,
+n neighbours found through user prototypes, and their fusion. Pydantic only (``pr-rlhf check`` needs no torch)."""
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from pr_rlhf.configs.base import StrictModel
+from pr_rlhf.configs.world import WorldConfig
+
+
+class PrototypeConfig(StrictModel):
+    """How the user prototypes are built: persona texts embedded, K-means, then refined on the users' histories."""
+
+    path: str | None = Field(None, description="prototype artifacts (prototypes.safetensors + .json): loaded when "
+                                               "present, built and saved there when absent")
+    k: int = Field(8, ge=1, description="prototypes (K-means clusters); `pr-rlhf scaling` reports the explained "
+                                        "variance of candidate_ks to choose it")
+    candidate_ks: list[int] = Field(default_factory=lambda: [2, 4, 8, 16, 32])
+    embedder: str = Field("minilm", description="'minilm' (shipped) or a local encoder folder (e.g. a saved "
+                                                "Qwen3-Embedding)")
+    refine_steps: int = Field(200, ge=0, description="refinement steps (0: the K-means centroids as they are)")
+    refine_lr: float = Field(1e-2, gt=0)
+    centroid_coef: float = Field(1.0, ge=0, description="keeps a refined prototype near its K-means centroid")
+    smooth_coef: float = Field(0.1, ge=0, description="temporal smoothness of a user's summary over its history")
+
+
+class ScalingConfig(StrictModel):
+    """m chains sampled for the input (their per-response scores averaged over valid parses) and the same pair
+    scored once with each of n neighbours' histories, fused ``self_weight`` / ``neighbour_weight``.
+    (m, n) = (0, 0) is the plain single greedy chain; m = 0 with n > 0 uses the neighbours alone."""
+
+    m: int = Field(0, ge=0, description="individual chains per input (one engine request with n=m)")
+    n: int = Field(0, ge=0, description="neighbour users whose histories score the pair (0: no prototypes)")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature of the m chains")
+    self_weight: float = Field(0.5, ge=0)
+    neighbour_weight: float = Field(0.5, ge=0)
+    neighbour_history_pairs: int = Field(3, ge=1, description="history pairs of each neighbour in its prompt")
+    max_tokens: int = Field(320, ge=16)
+    prototypes: PrototypeConfig = Field(default_factory=PrototypeConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> ScalingConfig:
+        if self.m > 0 and self.n > 0 and self.self_weight + self.neighbour_weight <= 0:
+            raise ValueError("self_weight + neighbour_weight must be > 0 to fuse the two means")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.m > 0 or self.n > 0
+
+
+DEFAULT_GRID: tuple[tuple[int, int], ...] = ((0, 0), (8, 0), (16, 0), (8, 4), (16, 8), (0, 8), (16, 16))
+
+
+class ScalingEvalConfig(StrictModel):
+    """The ``scaling:`` section of a recipe: `pr-rlhf scaling` evaluates a trained GenRM at every (m, n) of
+    ``points`` on held-out pairs of seen users and of cold-start users, from one pass of evidence per pair."""
+
+    model: str = Field("runs/pgenrm/curriculum/model", description="the GenRM (a local model directory)")
+    shards: str = Field("runs/pgenrm/data", description="the world's shards (built from ``world`` when absent)")
+    world: WorldConfig = Field(default_factory=lambda: WorldConfig(rendering="compact"),
+                               description="the synthetic world of the shards (its oracle is the reference)")
+    points: list[tuple[int, int]] = Field(default_factory=lambda: list(DEFAULT_GRID))
+    seen_pairs: int | None = Field(300, ge=1, description="seeded sample of the seen users' val + test pairs")
+    cold_pairs: int | None = Field(None, ge=1, description="seeded sample of the cold-start users' test pairs")
+    seen_history_pairs: int = Field(3, ge=0)
+    cold_history_pairs: int = Field(1, ge=0, description="a cold-start user's history in the prompt")
+    scaling: ScalingConfig = Field(default_factory=ScalingConfig, description="temperature, fusion weights, "
+                                   "prototypes (its m and n are ignored here: the grid sets them)")
+    n_bootstrap: int = Field(1000, ge=10)
+    torch_threads: int = Field(2, ge=1)
+    out: str = "runs/scaling"
+
+    @model_validator(mode="after")
+    def _check(self) -> ScalingEvalConfig:
+        if not self.points:
+            raise ValueError("points is empty: name at least one (m, n)")
+        if any(m < 0 or n < 0 for m, n in self.points):
+            raise ValueError(f"points {self.points}: m and n must be >= 0")
+        return self
+
+    @property
+    def largest(self) -> tuple[int, int]:
+        return max(m for m, _ in self.points), max(n for _, n in self.points)

@@ -1,0 +1,170 @@
+"""`ray job submit` against Ray clusters this test starts on 127.0.0.1 (and stops: only them): the GRPO recipe end to
+end on one node, and a two-node cluster (head + worker node, own ports and custom resources) where the learner
+ranks and the rollout workers land on different nodes through their placement groups."""
+import contextlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RAY = str(ROOT / ".venv" / "bin" / "ray") if (ROOT / ".venv" / "bin" / "ray").exists() else "ray"
+SCRIPT = str(ROOT / "cluster" / "local_head.sh")
+# short and quick: 2 GRPO steps of the tiny recipe (its world is built inside the job)
+SHORT = ["train.steps=2", "train.prompts_per_step=2", "train.group_size=4", "train.max_tokens=8",
+         "train.eval_every=2", "train.checkpoint_every=2", "train.warmup_sft_steps=2", "train.warmup_sft_batch=4",
+         "train.data.heldout_prompts=2", "train.eval_samples=2"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def own_ports() -> dict:
+    """Ports another Ray on this machine (the test session's, or the other node) may already hold."""
+    return {"RAY_AGENT_PORT": str(free_port()), "RAY_AGENT_GRPC_PORT": str(free_port()),
+            "RAY_METRICS_PORT": str(free_port()), "RAY_CLIENT_PORT": str(free_port())}
+
+
+@contextlib.contextmanager
+def local_cluster(head_resources: dict | None = None, worker_resources: dict | None = None, cpus: int = 4):
+    """A head (and optionally a worker node) on 127.0.0.1; yields (job address, env). Stops exactly these."""
+    gcs_port = free_port()
+    env = {**os.environ, "RAY_PORT": str(gcs_port), "RAY_DASHBOARD_PORT": str(free_port()),
+           "RAY_NUM_CPUS": str(cpus), "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    # Ray's unix sockets live under the temp dir and their paths may not exceed 107 bytes: keep it short.
+    dirs = [Path(tempfile.mkdtemp(prefix="prr-"))]
+    try:
+        address = subprocess.run(
+            ["bash", SCRIPT, "start", str(dirs[0])], check=True, capture_output=True, text=True, timeout=180,
+            env={**env, **own_ports(), "RAY_RESOURCES": json.dumps(head_resources or {})}).stdout.strip()
+        if worker_resources is not None:
+            dirs.append(Path(tempfile.mkdtemp(prefix="prw-")))
+            subprocess.run(["bash", SCRIPT, "start", str(dirs[1]), "--worker"], check=True, timeout=180,
+                           env={**env, **own_ports(), "RAY_RESOURCES": json.dumps(worker_resources),
+                                "RAY_HEAD_ADDRESS": f"127.0.0.1:{gcs_port}"})
+        yield address, env
+    finally:
+        for d in reversed(dirs):
+            subprocess.run(["bash", SCRIPT, "stop", str(d)], env=env, timeout=120)
+        left = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+            assert f"{d}/session_" not in left, f"the test's Ray node ({d}) is still running"
+
+
+def submit_and_wait(address: str, env: dict, recipe: str, out: Path, sets: list[str], timeout_s: float = 1200,
+                    command: str = "train"):
+    entry = ["python", "-m", "pr_rlhf.cli", command, recipe, "--out", str(out)]
+    for s in sets:
+        entry += ["--set", s]
+    cmd = [RAY, "job", "submit", "--address", address, "--working-dir", str(ROOT),
+           "--runtime-env", str(ROOT / "cluster" / "runtime_env.yaml"), "--no-wait", "--", *entry]
+    for _ in range(30):  # a fresh head answers "No available agent" until its job agent is up
+        submit = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        if submit.returncode == 0 or "No available agent" not in submit.stderr:
+            break
+        time.sleep(2)
+    assert submit.returncode == 0, submit.stderr
+    job_id = re.search(r"raysubmit_[A-Za-z0-9]+", submit.stdout + submit.stderr).group(0)
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # this process talks to the test's loopback-only head
+    client = JobSubmissionClient(address)
+    deadline = time.time() + timeout_s
+    status = client.get_job_status(job_id)
+    while time.time() < deadline and not status.is_terminal():
+        time.sleep(3)
+        status = client.get_job_status(job_id)
+    assert status == JobStatus.SUCCEEDED, client.get_job_logs(job_id)[-3000:]
+
+
+@pytest.mark.timeout(1800)   # a hang: the jobs take 0.5-2.5 min on a fast 2-core machine
+def test_submit_grpo_recipe(tmp_path):
+    out = tmp_path / "run"
+    with local_cluster() as (address, env):
+        submit_and_wait(address, env, "recipes/grpo_tiny.yaml", out,
+                        [*SHORT, f"train.data.shards={tmp_path / 'shards'}"])
+    history = json.loads((out / "history.json").read_text())
+    assert len(history["history"]) == 2 and "eval/heldout_reward_mean" in history["evals"][-1]
+    assert (tmp_path / "shards" / "manifest.json").is_file()   # the job built the recipe's world itself
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("grpo_tiny").experiment_id])
+    assert "reward/mean" in run.data.metrics and "time/rollout_s" in run.data.metrics
+
+
+@pytest.mark.timeout(1800)   # a hang: the jobs take 0.5-2.5 min on a fast 2-core machine
+def test_two_nodes_learner_and_rollout_placed_apart(tmp_path):
+    """Head offers `learner_host`, the worker node `rollout_host`: 2 FSDP ranks (gloo) go to the head, the rollout
+    worker to the other node, and the weights still reach it every step, as they would across hosts."""
+    out = tmp_path / "run"
+    sets = [*SHORT, f"train.data.shards={tmp_path / 'shards'}", "train.learner.world_size=2",
+            'train.learner.resources={"learner_host": 1}', 'train.rollout_resources={"rollout_host": 1}']
+    with local_cluster({"learner_host": 2}, {"rollout_host": 2}, cpus=2) as (address, env):
+        submit_and_wait(address, env, "recipes/grpo_tiny.yaml", out, sets)
+    placement = json.loads((out / "placement.json").read_text())
+    nodes = placement["nodes"]
+    assert len(nodes) == 2, nodes
+    learner_node = next(n for n, res in nodes.items() if "learner_host" in res)
+    rollout_node = next(n for n, res in nodes.items() if "rollout_host" in res)
+    assert learner_node != rollout_node
+    assert placement["learner"] == [learner_node, learner_node]
+    assert placement["rollout"] == [rollout_node]
+    history = json.loads((out / "history.json").read_text())
+    assert len(history["history"]) == 2 and history["history"][-1]["time/weight_sync_s"] > 0
+
+
+@pytest.mark.timeout(1800)   # a hang: the jobs take 0.5-2.5 min on a fast 2-core machine
+def test_submit_pgenrm_pipeline(tmp_path):
+    """The P-GenRM pipeline as a Ray job: an SFT stage and a GRPO stage from its output (learners, rollout workers,
+    evaluation tasks) on the cluster's workers, shortened to minutes; every stage runs in the pipeline tests."""
+    out = tmp_path / "run"
+    sets = [f"pgenrm.shards={tmp_path / 'shards'}", "pgenrm.stages=[psi,cre]", "pgenrm.psi.steps=3",
+            "pgenrm.cre.steps=1", "pgenrm.eval.seen_pairs=8", "pgenrm.eval.cold_pairs=8",
+            "pgenrm.eval.max_tokens=24", "pgenrm.cre.max_tokens=24"]
+    with local_cluster() as (address, env):
+        submit_and_wait(address, env, "recipes/pgenrm_smoke.yaml", out, sets, command="pgenrm")
+    for stage in ("psi", "cre"):
+        result = json.loads((out / stage / "result.json").read_text())
+        assert result["seen"]["summary"]["n"] == 8 and (out / stage / "COMPLETE").is_file()
+    assert (out / "ablation.md").is_file()
+
+
+@pytest.mark.timeout(1800)   # a hang: the jobs take 0.5-2.5 min on a fast 2-core machine
+def test_submit_bon_sweep(tmp_path):
+    """A Best-of-N sweep as a Ray job: pool, scores, curves, the validity report and mlflow metrics."""
+    import yaml
+
+    world = {"users": 6, "cold_start_users": 2, "history_size": 2, "val_pairs_per_user": 0, "test_pairs_per_user": 2}
+    recipe = tmp_path / "bon.yaml"
+    recipe.write_text(yaml.safe_dump({"name": "bon_job", "seed": 0, "tracking": {"experiment": "bon_job"}, "bon": {
+        "policy": {"backend": "hf", "model": "tiny"}, "shards": str(tmp_path / "shards"), "world": world,
+        "prompts": 2, "n": 4, "max_tokens": 8,
+        "reward_models": {"true_weights": {"kind": "gold", "world": world},
+                          "prior_only": {"kind": "world_estimate", "estimator": "no_history", "world": world}},
+        "downstream": {"kind": "gold", "normalize": True, "world": world}}}))
+    out = tmp_path / "run"
+    with local_cluster() as (address, env):
+        submit_and_wait(address, env, str(recipe), out, [], command="bon")
+    report = json.loads((out / "bon.json").read_text())
+    assert set(report["curves"]) == {"true_weights", "prior_only"} and set(report["benchmark_accuracy"]) == {
+        "true_weights", "prior_only"}
+    assert (out / "correlation.md").is_file() and (out / "bon.png").is_file()
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("bon_job").experiment_id])
+    assert "bon/true_weights/best_of_4" in run.data.metrics

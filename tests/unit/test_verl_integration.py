@@ -1,0 +1,72 @@
+"""verl integration without GPUs: the export of shards as verl's RL parquet, the reward function's request built
+from an exported row (valid for the service's schema), and every override of recipes/gpu/verl_ppo.sh composed
+against verl's own Hydra config (an unknown or misspelled key fails here, not on the cluster). The reward function
+against a running service, through verl's reward manager, is in tests/test_reward_service.py."""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "recipes" / "gpu" / "verl_ppo.sh"
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    from data_pipelines.build import ensure_world_shards
+    from data_pipelines.verl_export import export_verl
+    from pr_rlhf.world import WorldConfig
+
+    tmp = tmp_path_factory.mktemp("verl")
+    ensure_world_shards(tmp / "shards", WorldConfig(users=6, cold_start_users=2, history_size=2))
+    counts = export_verl(tmp / "shards", tmp / "out", top_k=3)
+    return tmp / "out", counts
+
+
+def test_export_rows_are_verl_shaped(exported):
+    import pyarrow.parquet as pq
+
+    out, counts = exported
+    assert counts["train"] > 0 and counts["test"] > 0
+    rows = pq.read_table(out / "train.parquet").to_pylist()
+    assert len(rows) == counts["train"]
+    row = rows[0]
+    assert row["data_source"].startswith("pr_rlhf/") and row["ability"] == "personalization"
+    assert [m["role"] for m in row["prompt"]][-1] == "user" and row["extra_info"]["query"] in row["prompt"][-1]["content"]
+    assert len(row["extra_info"]["profile"]) == 3 and row["reward_model"]["ground_truth"] == row["extra_info"]["query"]
+    test_users = {r["extra_info"]["user_id"] for r in pq.read_table(out / "test.parquet").to_pylist()}
+    assert not test_users & {r["extra_info"]["user_id"] for r in rows}    # held-out users never trained on
+
+
+def test_reward_request_from_an_exported_row_fits_the_service_schema(exported):
+    import pyarrow.parquet as pq
+
+    from pr_rlhf.integrations.verl import _request_body
+    from pr_rlhf.serve.schema import ScoreItem
+
+    row = pq.read_table(exported[0] / "test.parquet").to_pylist()[0]
+    extra = {**row["extra_info"], "profile": [{**p, "score": 1.5} for p in row["extra_info"]["profile"]]}
+    item = ScoreItem.model_validate(_request_body("An answer.", row["reward_model"]["ground_truth"], extra))
+    assert item.user_id == row["extra_info"]["user_id"] and len(item.profile) == 3
+
+
+def test_verl_ppo_script_overrides_compose_with_verls_config():
+    verl = pytest.importorskip("verl")
+    hydra = pytest.importorskip("hydra")
+    text = SCRIPT.read_text()
+    start = text.index("-m verl.trainer.main_ppo") + len("-m verl.trainer.main_ppo")
+    body = text[start:text.rindex('"$@"')].replace("\\\n", " ")
+    for var, value in {"$data": "/data", "$policy": "/models/policy", "$root": str(ROOT), "${GPUS:-8}": "8",
+                       "${NODES:-1}": "1"}.items():
+        body = body.replace(var, value)
+    with hydra.initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"),
+                                     version_base=None):
+        cfg = hydra.compose(config_name="ppo_trainer", overrides=shlex.split(body))
+    assert cfg.custom_reward_function.name == "compute_score"
+    assert Path(cfg.custom_reward_function.path) == ROOT / "pr_rlhf" / "integrations" / "verl.py"
+    assert (cfg.data.train_batch_size, cfg.data.max_prompt_length, cfg.data.max_response_length) == (128, 8192, 512)
+    assert cfg.actor_rollout_ref.actor.optim.lr == 5e-7 and cfg.critic.optim.lr == 5e-6
+    assert cfg.actor_rollout_ref.rollout.n == 1 and cfg.algorithm.use_kl_in_reward is False
+    assert cfg.trainer.total_epochs == 1
