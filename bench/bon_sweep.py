@@ -45,13 +45,13 @@ def main() -> None:
     import torch
 
     from data_pipelines.build import ensure_world_shards
-    from pr_rlhf.bon.config import BoNConfig
+    from pr_rlhf.configs.bon import BoNConfig
     from pr_rlhf.bon.estimator import best_of_k_curve, powers_of_two
-    from pr_rlhf.config_base import EngineConfig
+    from pr_rlhf.configs.base import EngineConfig
     from pr_rlhf.models import make_engine
     from pr_rlhf.models.base import SamplingParams
     from pr_rlhf.world import build_world
-    from pr_rlhf.world.config import WorldConfig
+    from pr_rlhf.configs.world import WorldConfig
     from workers.bon import load_bon_prompts
 
     torch.set_num_threads(args.threads)

@@ -118,7 +118,7 @@ def have_world() -> bool:
 
 
 def world_config(users: int):
-    from pr_rlhf.world.config import WorldConfig
+    from pr_rlhf.configs.world import WorldConfig
 
     # PRB-sized profiles; a few cold-start users as in the default world.
     return WorldConfig(users=users, cold_start_users=max(users // 10, 1), profile_posts_min=100,
@@ -129,7 +129,7 @@ def load_records(source: str, users: int) -> tuple[SourceOutput, object | None]:
     """The records to build and retrieve on, plus the WorldConfig when they come from the world."""
     if source == "world":
         from data_pipelines.build import load_source
-        from pr_rlhf.config import DataConfig
+        from pr_rlhf.configs.recipe import DataConfig
 
         world = world_config(users)
         return load_source(DataConfig(source="synthetic"), world), world
@@ -139,7 +139,7 @@ def load_records(source: str, users: int) -> tuple[SourceOutput, object | None]:
 def build(source: str, users: int, world: object | None, out_dir: Path) -> tuple[int, float]:
     """Run the whole shard build (load -> MiniLM retrieval -> shards); returns (records written, seconds)."""
     from data_pipelines.build import attach_retrieval, build_shards
-    from pr_rlhf.config import DataConfig
+    from pr_rlhf.configs.recipe import DataConfig
     from pr_rlhf.shards import write_shards
 
     data = DataConfig(source="synthetic", out=str(out_dir))

@@ -125,11 +125,11 @@ def fit_prompt(tokenizer, messages: list, target: int) -> str | None:
 def prepare(workdir: Path, steps_total: int, sizes: list[str]) -> dict:
     """Shards of the synthetic world, both models (cached), and the step-ordered list of 64-token prompts."""
     from data_pipelines.build import build_shards
-    from pr_rlhf.config import DataConfig
+    from pr_rlhf.configs.recipe import DataConfig
     from pr_rlhf.models.prompting import load_tokenizer
     from pr_rlhf.models.sources import resolve_model
-    from pr_rlhf.train.rl_config import RLConfig
-    from pr_rlhf.world.config import WorldConfig
+    from pr_rlhf.configs.rl import RLConfig
+    from pr_rlhf.configs.world import WorldConfig
     from workers.controller import load_prompts
 
     shards = workdir / "shards"
@@ -165,7 +165,7 @@ def run_ours(args: argparse.Namespace) -> dict:
     import torch
 
     torch.set_num_threads(THREADS)
-    from pr_rlhf.config import Recipe
+    from pr_rlhf.configs.recipe import Recipe
     from workers.controller import PromptItem, RLController, prompt_order
     from workers.ray_utils import init_ray, shutdown_local_ray
 

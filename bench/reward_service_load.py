@@ -97,8 +97,8 @@ def main() -> int:
     import ray
     from ray import serve
 
-    from pr_rlhf.reward.config import RewardConfig
-    from pr_rlhf.serve.config import ServeConfig
+    from pr_rlhf.configs.reward import RewardConfig
+    from pr_rlhf.configs.serve import ServeConfig
     from pr_rlhf.world import WorldConfig, build_world
     from workers.ray_utils import init_local_ray, shutdown_local_ray
     from workers.reward_service import deploy

@@ -79,7 +79,7 @@ def pick_model(spec: str | None) -> tuple[str, str]:
 
 def build_prompt() -> tuple[list[dict], str]:
     """The sec_compact prompt of the first seen user's first val pair after their first 3 train pairs."""
-    from pr_rlhf.config import load_recipe
+    from pr_rlhf.configs.recipe import load_recipe
     from pr_rlhf.pgenrm.psi_data import rm_input
     from pr_rlhf.reward.judge import chosen_slot
     from pr_rlhf.reward.sec import sec_compact_prompt
@@ -194,9 +194,9 @@ def main() -> None:
 def time_grid_points(engine, args) -> None:
     """Wall time of gathering each grid point's evidence for the same pairs (each point on its own, as a
     deployment that serves that point would), relative to (0, 0): one greedy chain per pair."""
-    from pr_rlhf.config import load_recipe
+    from pr_rlhf.configs.recipe import load_recipe
     from pr_rlhf.models.embedders import make_embedder
-    from pr_rlhf.scaling.config import DEFAULT_GRID
+    from pr_rlhf.configs.scaling import DEFAULT_GRID
     from pr_rlhf.scaling.grid import group_inputs, member_histories
     from pr_rlhf.scaling.prototypes import PrototypeIndex, embedder_name
     from pr_rlhf.scaling.scorer import ScaledJudge

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from pr_rlhf.config import DataConfig
+from pr_rlhf.configs.recipe import DataConfig
 from pr_rlhf.records import SourceOutput
 from pr_rlhf.shards import ShardConfig, write_shards
-from pr_rlhf.world.config import WorldConfig
+from pr_rlhf.configs.world import WorldConfig
 
 SOURCES = ("synthetic", "prb", "lamp_qa", "personal_rewardbench")
 ISSUES_FILE = "issues.jsonl"

@@ -20,7 +20,7 @@ from pr_rlhf.records import (
     SourceOutput,
     dump_meta,
 )
-from pr_rlhf.world.config import WorldConfig
+from pr_rlhf.configs.world import WorldConfig
 from pr_rlhf.world.generator import World, WorldPair, WorldUser, build_world
 
 SOURCE = "synthetic"

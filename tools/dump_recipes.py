@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pr_rlhf.config import load_recipe  # noqa: E402
+from pr_rlhf.configs.recipe import load_recipe  # noqa: E402
 
 
 def effective_configs() -> dict[str, dict]:

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pr_rlhf.config import load_recipe
+from pr_rlhf.configs.recipe import load_recipe
 from pr_rlhf.models.prompting import encode_prompt, load_tokenizer
 from pr_rlhf.models.sources import resolve_model
-from pr_rlhf.pgenrm.config import SFTStageConfig
+from pr_rlhf.configs.pgenrm import SFTStageConfig
 from pr_rlhf.pgenrm.oracle_chain import oracle_chain
 from pr_rlhf.pgenrm.psi_data import psi_examples, rm_input
 from pr_rlhf.reward.sec import format_sec, parse_sec, sec_compact_prompt
