@@ -49,8 +49,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 # All tiers, in order: tests/unit, tests/integration, tests/e2e (what CI runs).
+# PR_RLHF_ALL_EXTRAS: everything optional is installed, so a test that needs it fails rather than skips.
 test: lint
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	PR_RLHF_ALL_EXTRAS=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Everyday loop: the unit tier only (no Ray, no vLLM; about a minute).
 test-fast: $(STAMP)

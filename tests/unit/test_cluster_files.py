@@ -64,12 +64,22 @@ def test_dockerfile_uses_the_installed_ray_version():
     assert base.startswith(ray.__version__ + "-")
 
 
-@pytest.mark.parametrize("path", sorted(CLUSTER.glob("*")), ids=lambda p: p.name)
+def _named_recipes(path: Path) -> list[str]:
+    return sorted(set(re.findall(r"recipes/[\w/]+\.yaml", path.read_text())))
+
+
+NAMING = [p for p in sorted(CLUSTER.glob("*")) if p.is_file() and p.suffix != ".pyc" and _named_recipes(p)]
+
+
+@pytest.mark.parametrize("path", NAMING, ids=lambda p: p.name)
 def test_every_recipe_a_cluster_file_names_exists_and_validates(path):
-    if path.is_dir() or path.suffix == ".pyc":
-        return
-    for name in sorted(set(re.findall(r"recipes/[\w/]+\.yaml", path.read_text()))):
+    for name in _named_recipes(path):
         load_recipe(ROOT / name)
+
+
+def test_the_cluster_files_that_launch_jobs_name_a_recipe():
+    # a job manifest or launcher that names no recipe would skip the check above silently
+    assert {p.name for p in NAMING} >= {"kuberay_rayjob.yaml", "ray_cluster_gpu.yaml", "submit.sh"}
 
 
 def test_submit_wrapper_builds_the_job_submission(tmp_path):
