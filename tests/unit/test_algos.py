@@ -4,6 +4,8 @@ import math
 
 import numpy as np
 import pytest
+
+from tests.optional import need
 import torch
 
 from pr_rlhf import algos
@@ -302,7 +304,7 @@ def test_registry_register_and_conflicts():
 
 @pytest.fixture(scope="module")
 def verl_algos():
-    return pytest.importorskip("verl.trainer.ppo.core_algos")
+    return need("verl.trainer.ppo.core_algos")
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.optional import need
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pr_rlhf.models.embedders import (
@@ -133,7 +135,7 @@ def test_bm25_matches_hand_computation():
 
 
 def test_bm25_agrees_with_bm25s_lucene_up_to_the_k1_plus_1_factor():
-    bm25s = pytest.importorskip("bm25s")
+    bm25s = need("bm25s")
     corpus = [p["text"] for p in PROFILE] + ["pasta pasta bread", "anime and board games"]
     reference = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
     reference.index([word_tokens(c) for c in corpus], show_progress=False)

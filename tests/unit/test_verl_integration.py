@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.optional import need
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "recipes" / "gpu" / "verl_ppo.sh"
 
@@ -53,8 +55,8 @@ def test_reward_request_from_an_exported_row_fits_the_service_schema(exported):
 
 
 def test_verl_ppo_script_overrides_compose_with_verls_config():
-    verl = pytest.importorskip("verl")
-    hydra = pytest.importorskip("hydra")
+    verl = need("verl")
+    hydra = need("hydra")
     text = SCRIPT.read_text()
     start = text.index("-m verl.trainer.main_ppo") + len("-m verl.trainer.main_ppo")
     body = text[start:text.rindex('"$@"')].replace("\\\n", " ")
