@@ -47,7 +47,7 @@ def main() -> None:
     from data_pipelines.build import ensure_world_shards
     from pr_rlhf.configs.bon import BoNConfig
     from pr_rlhf.bon.estimator import best_of_k_curve, powers_of_two
-    from pr_rlhf.configs.base import EngineConfig
+    from pr_rlhf.configs.base import engine_config
     from pr_rlhf.models import make_engine
     from pr_rlhf.models.base import SamplingParams
     from pr_rlhf.world import build_world
@@ -60,7 +60,7 @@ def main() -> None:
     ensure_world_shards(shards, world_cfg)
     world = build_world(world_cfg)
     prompts = load_bon_prompts(BoNConfig(shards=str(shards), prompts=args.prompts, n=args.n), seed=0)
-    engine = make_engine(EngineConfig(backend="hf", model=args.model, seed=0))
+    engine = make_engine(engine_config(backend="hf", model=args.model, seed=0))
     ks = powers_of_two(args.n)
 
     def pool(n: int, seed: int) -> list[list[float]]:

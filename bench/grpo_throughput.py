@@ -126,11 +126,11 @@ def prepare(workdir: Path, steps_total: int, sizes: list[str]) -> dict:
     """Shards of the synthetic world, both models (cached), and the step-ordered list of 64-token prompts."""
     from data_pipelines.build import build_shards
     from pr_rlhf.configs.recipe import DataConfig
-    from pr_rlhf.models.prompting import load_tokenizer
-    from pr_rlhf.models.sources import resolve_model
     from pr_rlhf.configs.rl import RLConfig
     from pr_rlhf.configs.world import WorldConfig
-    from workers.controller import load_prompts
+    from pr_rlhf.models.prompting import load_tokenizer
+    from pr_rlhf.models.sources import resolve_model
+    from pr_rlhf.rl.prompts import load_prompts
 
     shards = workdir / "shards"
     build_shards(DataConfig(source="synthetic", out=str(shards), retrieval={"embedder": "bm25"}),
@@ -166,7 +166,8 @@ def run_ours(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(THREADS)
     from pr_rlhf.configs.recipe import Recipe
-    from workers.controller import PromptItem, RLController, prompt_order
+    from pr_rlhf.rl.prompts import PromptItem, prompt_order
+    from workers.controller import RLController
     from workers.ray_utils import init_ray, shutdown_local_ray
 
     workdir = Path(args.workdir)
@@ -258,7 +259,8 @@ def run_trl(args: argparse.Namespace) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from pr_rlhf.models.prompting import load_tokenizer
-    from pr_rlhf.models.sources import quiet_hf_loading, resolve_model
+    from pr_rlhf.models.hf_engine import quiet_hf_loading
+    from pr_rlhf.models.sources import resolve_model
     from pr_rlhf.shards import ShardReader
     from pr_rlhf.world import WorldConfig, build_world
 

@@ -97,7 +97,7 @@ def main() -> int:
     import ray
     from ray import serve
 
-    from pr_rlhf.configs.reward import RewardConfig
+    from pr_rlhf.configs.reward import reward_config
     from pr_rlhf.configs.serve import ServeConfig
     from pr_rlhf.world import WorldConfig, build_world
     from workers.ray_utils import init_local_ray, shutdown_local_ray
@@ -107,8 +107,8 @@ def main() -> int:
         # the P-GenRM pipeline's world: pairs of seen users with their first 3 history pairs as evidence
         world = build_world(WorldConfig(rendering="compact", n_attributes=3, n_archetypes=3, users=200,
                                         max_differing_attributes=2, cold_start_users=40, reference_samples=4000))
-        reward = RewardConfig(kind="genrm", judge={"model": args.genrm}, sec_format="sec_compact",
-                              generation={"max_tokens": 320})
+        reward = reward_config(kind="genrm", judge={"model": args.genrm}, sec_format="sec_compact",
+                               generation={"max_tokens": 320})
         scorer = f"the trained tiny P-GenRM ({args.genrm}), a pair per request"
         items = [{"user_id": p.user_id, "query": p.question, "responses": [p.chosen, p.rejected],
                   "history": [{"question": h.question, "chosen": h.chosen, "rejected": h.rejected}
@@ -116,7 +116,7 @@ def main() -> int:
                  for p in world.pairs if p.split == "test"][:args.requests]
     else:
         world = build_world(WorldConfig(users=16, cold_start_users=0))
-        reward = RewardConfig(kind="scalar")
+        reward = reward_config(kind="scalar")
         scorer = "the tiny scalar RM (no trained GenRM found)"
         texts = [(p.user_id, p.question, t) for p in world.pairs for t in (p.chosen, p.rejected)]
         items = [{"user_id": u, "query": q, "response": t} for u, q, t in (texts * 8)[:args.requests]]

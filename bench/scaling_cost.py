@@ -68,6 +68,7 @@ def bench_line(m: int, shared_s: float, separate_s: float, shared_s_per_ktok: fl
 
 def pick_model(spec: str | None) -> tuple[str, str]:
     """(local model directory, how it was chosen)."""
+    import pr_rlhf.pgenrm  # noqa: F401 -- registers tiny-genrm's tokenizer corpus with the model sources
     from pr_rlhf.models.sources import resolve_model
 
     if spec:
@@ -80,7 +81,7 @@ def pick_model(spec: str | None) -> tuple[str, str]:
 def build_prompt() -> tuple[list[dict], str]:
     """The sec_compact prompt of the first seen user's first val pair after their first 3 train pairs."""
     from pr_rlhf.configs.recipe import load_recipe
-    from pr_rlhf.pgenrm.psi_data import rm_input
+    from pr_rlhf.reward.inputs import rm_input
     from pr_rlhf.reward.judge import chosen_slot
     from pr_rlhf.reward.sec import sec_compact_prompt
     from pr_rlhf.world import build_world
@@ -198,7 +199,8 @@ def time_grid_points(engine, args) -> None:
     from pr_rlhf.models.embedders import make_embedder
     from pr_rlhf.configs.scaling import DEFAULT_GRID
     from pr_rlhf.scaling.grid import group_inputs, member_histories
-    from pr_rlhf.scaling.prototypes import PrototypeIndex, embedder_name
+    from pr_rlhf.scaling.embedding import embedder_name
+    from pr_rlhf.scaling.index import PrototypeIndex
     from pr_rlhf.scaling.scorer import ScaledJudge
 
     cfg = load_recipe(ROOT / "recipes" / "scaling_grid.yaml").scaling

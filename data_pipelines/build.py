@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pr_rlhf.configs.recipe import DataConfig
+from pr_rlhf.configs.world import WorldConfig
 from pr_rlhf.records import SourceOutput
 from pr_rlhf.shards import ShardConfig, write_shards
-from pr_rlhf.configs.world import WorldConfig
 
 SOURCES = ("synthetic", "prb", "lamp_qa", "personal_rewardbench")
 ISSUES_FILE = "issues.jsonl"
@@ -97,9 +97,11 @@ def build_shards(data: DataConfig, world: WorldConfig | None = None, *, progress
     return BuildReport(out_dir, manifest, out.skipped, list(out.issues), seconds)
 
 
-def ensure_world_shards(out: str | Path, world: WorldConfig, embedder: str = "bm25") -> bool:
-    """Shards of the synthetic ``world`` at ``out``: built when absent (True), kept when they hold exactly this
-    world (False). Shards of another world (or source) there are an error, never silently reused."""
+def ensure_world_shards(out: str | Path, world: WorldConfig, embedder: str = "bm25",
+                        log: Callable[[str], None] | None = None) -> bool:
+    """Shards of the synthetic ``world`` at ``out``: built when absent (True, and said through ``log``), kept when
+    they hold exactly this world (False). Shards of another world (or source) there are an error, never silently
+    reused."""
     from pr_rlhf.shards import MANIFEST
 
     manifest_path = Path(out) / MANIFEST
@@ -110,4 +112,6 @@ def ensure_world_shards(out: str | Path, world: WorldConfig, embedder: str = "bm
                              f"another train.data.shards directory or delete this one")
         return False
     build_shards(DataConfig(source="synthetic", out=str(out), retrieval={"embedder": embedder}), world)
+    if log is not None:
+        log(f"built the recipe's synthetic world -> {out}")
     return True

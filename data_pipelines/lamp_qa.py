@@ -18,14 +18,22 @@ Local layouts accepted (``input`` a directory)::
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterator
 
-from data_pipelines.raw_io import (RawRow, data_files, hub_rows, is_hub_name, nested_object, nested_text,
-                                   read_rows, record_id, subfolders)
-from pr_rlhf.records import (DuplicateTracker, FieldChecker, IssueSink, Profile, Query, Rubric, SourceOutput,
-                             dump_meta)
+from data_pipelines.raw_io import (
+    RawRow,
+    data_files,
+    hub_rows,
+    is_hub_name,
+    nested_object,
+    nested_text,
+    read_rows,
+    record_id,
+    subfolders,
+)
+from pr_rlhf.records import DuplicateTracker, FieldChecker, IssueSink, Profile, Query, Rubric, SourceOutput, dump_meta
 
 SOURCE = "lamp_qa"
 HUB_NAME = "alireza7/LaMP-QA"

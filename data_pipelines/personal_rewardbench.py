@@ -22,14 +22,32 @@ choice_attributes {attribute: 1-100}, or one JSON object conversation_id -> {att
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterator
 
-from data_pipelines.raw_io import (RawRow, hub_rows, is_hub_name, nested_object, nested_text, read_rows,
-                                   record_id, subfolders)
-from pr_rlhf.records import (SPLITS, DuplicateTracker, FieldChecker, History, IssueSink, Pair, Profile, Query,
-                             SourceOutput, dump_meta)
+from data_pipelines.raw_io import (
+    RawRow,
+    hub_rows,
+    is_hub_name,
+    nested_object,
+    nested_text,
+    read_rows,
+    record_id,
+    subfolders,
+)
+from pr_rlhf.records import (
+    SPLITS,
+    DuplicateTracker,
+    FieldChecker,
+    History,
+    IssueSink,
+    Pair,
+    Profile,
+    Query,
+    SourceOutput,
+    dump_meta,
+)
 
 SOURCE = "personal_rewardbench"
 SUBSETS = ("chatbot_arena", "prism")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 from data_pipelines.lamp_qa import SUBSETS, check_unique, question_records, read_question
 from data_pipelines.raw_io import RawRow, hub_rows, is_hub_name, read_rows, record_id, subfolders

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pr_rlhf.configs.world import WorldConfig
 from pr_rlhf.records import (
     DuplicateTracker,
     FieldChecker,
@@ -20,8 +21,8 @@ from pr_rlhf.records import (
     SourceOutput,
     dump_meta,
 )
-from pr_rlhf.configs.world import WorldConfig
 from pr_rlhf.world.generator import World, WorldPair, WorldUser, build_world
+from pr_rlhf.world.reference import reference_summary
 
 SOURCE = "synthetic"
 PRB_FILE = "test-00000-of-00001.parquet"
@@ -51,7 +52,10 @@ def load(config: WorldConfig | World | None = None, *, skip_invalid: bool = Fals
     ``out.summary`` carries the world's counts and, with ``reference``, its reference accuracies (oracle, per-user
     logistic regression, no history, true weights) for a history of 3 pairs, for the manifest."""
     world = _world(config)
-    out = SourceOutput(summary=world.summary(reference=reference, history_size=3))
+    summary = world.summary()
+    if reference:
+        summary.update(reference_summary(world, history_size=3))
+    out = SourceOutput(summary=summary)
     sink = IssueSink(skip_invalid, out)
     dupes = DuplicateTracker()
     names = world.attribute_names

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pr_rlhf.configs.recipe import DataConfig, Recipe, RecipeError, SourceName, dump_recipe, load_recipe
+from pr_rlhf.configs.recipe import Recipe, RecipeError, SourceName, dump_recipe, load_recipe
 
 app = typer.Typer(help="pr_rlhf: Ray-distributed RLHF for personalized reward models.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -68,23 +68,25 @@ def data_build(
             cli_overrides.append(f"{key}={json.dumps(str(value)) if isinstance(value, (str, Path)) else value}")
     if skip_invalid:
         cli_overrides.append("data.skip_invalid=true")
-    resolved = _recipe(recipe, cli_overrides)
-    report = run_data_build(resolved.data, resolved)
-    print_build_report(report)
+    run_data_stage(_recipe(recipe, cli_overrides))
 
 
-def run_data_build(data: DataConfig, recipe: Recipe):
-    """Shared by `data build` and `quickstart`: builds the shards with a status line per stage."""
-    from pr_rlhf.records import InvalidRecordError
+def run_data_stage(recipe: Recipe):
+    """`data build` (and the quickstart's first stage): the shards, with a status line per step, then the report."""
     from data_pipelines.build import build_shards
+    from pr_rlhf.records import InvalidRecordError
 
     try:
-        return build_shards(data, recipe.world, progress=True,
-                            on_stage=lambda s: console.print(f"[bold cyan]>[/] {s}", highlight=False))
+        report = build_shards(recipe.data, recipe.world, progress=True,
+                              on_stage=lambda s: console.print(f"[bold cyan]>[/] {s}", highlight=False))
     except InvalidRecordError as exc:
         _fail(f"{exc}\n(use --skip-invalid to skip invalid records, count them and keep going)")
+        raise
     except (ValueError, FileNotFoundError) as exc:
         _fail(str(exc))
+        raise
+    print_build_report(report)
+    return report
 
 
 def print_build_report(report) -> None:
@@ -234,23 +236,10 @@ def train(recipe: Path = typer.Argument(..., help="recipe YAML with train: and r
 
 
 def run_train_stage(recipe: Recipe, address: Optional[str] = None):
-    from workers.controller import RLController, heldout_rise
-    from workers.ray_utils import init_ray
-
-    import math
-    import os
+    from workers.controller import run_rl
 
     cfg = recipe.train
     console.rule(f"[bold]train[/] {cfg.algorithm} -> {cfg.out}")
-    if cfg.data.world is not None:
-        from data_pipelines.build import ensure_world_shards
-
-        if ensure_world_shards(cfg.data.shards, cfg.data.world):
-            console.print(f"built the recipe's synthetic world -> {cfg.data.shards}")
-    controller = RLController(recipe, on_step=lambda m: on_step(m))
-    # A local Ray offers logical CPUs: enough for every actor of the run, even on a 2-core laptop.
-    init_ray(address, num_cpus=max(os.cpu_count() or 1, math.ceil(controller.cpus_needed())))
-    table_rows: list[str] = []
 
     def on_step(m: dict) -> None:
         line = (f"step {m['step'] + 1:>4}/{cfg.steps}  reward {m['reward/mean']:+.3f} +- {m['reward/std']:.3f}  "
@@ -258,17 +247,15 @@ def run_train_stage(recipe: Recipe, address: Optional[str] = None):
                 f"{m['rollout/tokens_per_s']:.0f} tok/s")
         if "eval/heldout_reward_mean" in m:
             line += f"  held-out reward {m['eval/heldout_reward_mean']:+.3f}"
-        table_rows.append(line)
         console.print(line, highlight=False)
 
-    result = controller.run()
+    result, rise = run_rl(recipe, address, on_step=on_step, log=console.print)
     first, last = result.evals[0], result.evals[-1]
-    rise = heldout_rise(first, last)
     console.print(f"[green]done[/] held-out reward {first['eval/heldout_reward_mean']:+.3f} (step {first['step']})"
                   f" -> {last['eval/heldout_reward_mean']:+.3f} (step {last['step']}): rise {rise['rise']:+.3f} "
                   f"[95% CI {rise['ci_low']:+.3f}, {rise['ci_high']:+.3f}], paired over {rise['prompts']} "
                   f"prompts; run dir {result.run_dir}", highlight=False)
-    return result
+    return result, rise
 
 
 @app.command()
@@ -291,22 +278,14 @@ def pgenrm(recipe: Path = typer.Argument(..., help="recipe YAML with a pgenrm: s
 def run_pgenrm_stage(recipe: Recipe, stages: Optional[List[str]] = None, address: Optional[str] = None):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from data_pipelines.build import ensure_world_shards
     from pr_rlhf.configs.pgenrm import STAGE_PARENT
-    from pr_rlhf.pgenrm.report import write_ablation_report
-    from workers.pgenrm import PGenRMPipeline, StageOrderError
-    from workers.ray_utils import init_ray
-
-    import os
+    from workers.pgenrm import StageOrderError, run_pgenrm
 
     cfg = recipe.pgenrm
     for s in stages or []:
         if s not in STAGE_PARENT:
             _fail(f"--stage {s!r}: expected one of {', '.join(STAGE_PARENT)}")
     console.rule(f"[bold]pgenrm[/] {' -> '.join(stages or cfg.stages)} -> {cfg.out}")
-    if ensure_world_shards(cfg.shards, cfg.world):
-        console.print(f"built the recipe's synthetic world -> {cfg.shards}")
-    init_ray(address, num_cpus=max(os.cpu_count() or 1, 3))
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[info]}"), console=console, transient=False) as progress:
         bars: dict[str, int] = {}
@@ -323,12 +302,19 @@ def run_pgenrm_stage(recipe: Recipe, stages: Optional[List[str]] = None, address
             if not console.is_terminal and (done % max(1, total // 10) == 0 or done == total):
                 progress.console.print(f"{stage} {done}/{total}  {info}", highlight=False)  # logs of ray jobs
 
-        pipeline = PGenRMPipeline(recipe, on_step=on_step, on_event=lambda msg: progress.console.print(msg))
         try:
-            results = pipeline.run(stages)
+            results, report = run_pgenrm(recipe, stages, address, on_step=on_step,
+                                         on_event=lambda msg: progress.console.print(msg), log=console.print)
         except StageOrderError as exc:
             _fail(str(exc))
             raise
+    print_pgenrm_table(results)
+    console.print(f"ablation report: {report.markdown}, {report.figure}", highlight=False)
+    return results
+
+
+def print_pgenrm_table(results: dict) -> None:
+    """Each stage's accuracies on seen, hard and cold-start pairs (the planner's aspect precision and recall)."""
     table = Table(title="P-GenRM stages (pairwise accuracy %, 95% CI)")
     for col in ("stage", "seen users", "hard pairs", "cold-start users", "unparsed seen / cold", "ties seen / cold",
                 "minutes"):
@@ -349,9 +335,6 @@ def run_pgenrm_stage(recipe: Recipe, stages: Optional[List[str]] = None, address
                       f"{seen['failures']} / {cold['failures']}", f"{seen.get('ties', 0)} / {cold.get('ties', 0)}",
                       f"{r['seconds'] / 60:.1f}")
     console.print(table)
-    report = write_ablation_report(cfg.out, title=f"{recipe.name}: P-GenRM ablation", seed=recipe.seed)
-    console.print(f"ablation report: {report.markdown}, {report.figure}", highlight=False)
-    return results
 
 
 @app.command()
@@ -366,19 +349,6 @@ def scaling(recipe: Path = typer.Argument(..., help="recipe YAML with a scaling:
     run_scaling_stage(rec, address)
 
 
-def _world_shards_and_ray(shards: str, world, address: Optional[str]) -> None:
-    """The recipe's synthetic world built into ``shards`` when absent (``world`` None: shards must exist), then
-    Ray joined at ``address`` or started locally."""
-    import os
-
-    from data_pipelines.build import ensure_world_shards
-    from workers.ray_utils import init_ray
-
-    if world is not None and ensure_world_shards(shards, world):
-        console.print(f"built the recipe's synthetic world -> {shards}")
-    init_ray(address, num_cpus=max(os.cpu_count() or 1, 2))
-
-
 def run_scaling_stage(recipe: Recipe, address: Optional[str] = None) -> dict:
     from workers.scaling import run_scaling
 
@@ -387,8 +357,7 @@ def run_scaling_stage(recipe: Recipe, address: Optional[str] = None) -> dict:
     if not Path(cfg.model).is_dir():
         _fail(f"scaling.model {cfg.model!r} is not a model directory: train one with `pr-rlhf pgenrm "
               "recipes/pgenrm_pipeline.yaml`, or point scaling.model at a local GenRM")
-    _world_shards_and_ray(cfg.shards, cfg.world, address)
-    result = run_scaling(recipe)
+    result = run_scaling(recipe, address, log=console.print)
     console.print(Path(result["markdown"]).read_text(), highlight=False)
     console.print(f"written: {result['markdown']}, {result['figure']}", highlight=False)
     return result
@@ -408,18 +377,11 @@ def bon(recipe: Path = typer.Argument(..., help="recipe YAML with a bon: section
 
 
 def run_bon_stage(recipe: Recipe, address: Optional[str] = None) -> dict:
-    from pr_rlhf.tracking import make_tracker
-    from workers.bon import BoNSweep
+    from workers.bon import run_bon
 
     cfg = recipe.bon
     console.rule(f"[bold]bon[/] n={cfg.n}, {cfg.prompts} prompts -> {cfg.out}")
-    _world_shards_and_ray(cfg.shards, cfg.world, address)
-    Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    report = BoNSweep(cfg, seed=recipe.seed, log=lambda m: console.print(m, highlight=False)).run()
-    with make_tracker(recipe.tracking, cfg.out, f"{recipe.name}/bon", tags={"stage": "bon"}) as tracker:
-        tracker.log_params({"n": cfg.n, "prompts": cfg.prompts, "reward_models": ",".join(cfg.reward_models)})
-        for metrics in report["metrics"].values():
-            tracker.log_metrics(metrics)
+    report = run_bon(recipe, address, log=lambda m: console.print(m, highlight=False))
     console.print(Path(cfg.out, "bon.md").read_text(), highlight=False)
     if "validity" in report:
         console.print(f"benchmark validity: {report['validity']}", highlight=False)
@@ -436,10 +398,7 @@ def serve_reward(recipe: Path = typer.Argument(..., help="recipe YAML with a ser
                                                          "until `serve shutdown`)")) -> None:
     """The personalized reward as a Ray Serve endpoint (127.0.0.1 by default): /score, /score_batch, OpenRLHF's
     /get_reward, /health. Ctrl-C stops it."""
-    import os
-    import signal
     import sys
-    import time
 
     rec = _recipe(recipe, [*(overrides or []), *([f"serve.port={port}"] if port is not None else [])])
     cfg = rec.serve
@@ -448,34 +407,20 @@ def serve_reward(recipe: Path = typer.Argument(..., help="recipe YAML with a ser
     if cfg.auth_token_env and not os.environ.get(cfg.auth_token_env):
         _fail(f"serve.auth_token_env={cfg.auth_token_env!r}: that environment variable is empty; export the token "
               "first (it is read from the environment only, never from the recipe)")
-    from ray import serve
+    from workers.reward_service import run_reward_service
 
-    from workers.ray_utils import init_ray
-    from workers.reward_service import deploy
-
-    init_ray(address, num_cpus=max(os.cpu_count() or 1, 2))
-    url = deploy(cfg)
     auth = f", bearer token from ${cfg.auth_token_env}" if cfg.auth_token_env else ""
-    console.print(f"reward service ({cfg.reward.kind}, {cfg.replicas} replica(s){auth}) at {url}  "
-                  f"[POST /score, /score_batch, /get_reward; GET /health]", highlight=False)
-    sys.stdout.flush()   # seen at once when the output goes to a file or a pipe
-    if detach:
-        return
-    # Ctrl-C and SIGTERM (`kill`, `docker stop`, `ray job stop`) stop it gracefully, whatever disposition it
-    # inherited: a command started from a background job (`cmd &` in a script, CI) starts with SIGINT ignored,
-    # and Python then leaves it ignored
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        while True:
-            # short sleeps: the kernel may hand Ctrl-C to one of Ray's threads, and Python raises it in the main
-            # thread only once that thread runs again (a long sleep would hold it for its whole length)
-            time.sleep(0.5)
-    except KeyboardInterrupt:
+
+    def ready(url: str) -> None:
+        console.print(f"reward service ({cfg.reward.kind}, {cfg.replicas} replica(s){auth}) at {url}  "
+                      f"[POST /score, /score_batch, /get_reward; GET /health]", highlight=False)
+        sys.stdout.flush()   # seen at once when the output goes to a file or a pipe
+
+    def stopping() -> None:
         console.print("stopping the reward service")
         sys.stdout.flush()   # before the shutdown, which may take a while on a busy machine
-    finally:
-        serve.shutdown()
+
+    run_reward_service(cfg, address, detach=detach, on_ready=ready, on_stop=stopping)
 
 
 @report_app.command("correlation")
@@ -521,12 +466,6 @@ def report_ablation(run_dir: Path = typer.Argument(..., help="a `pr-rlhf pgenrm`
     console.print(f"written: {report.markdown}, {report.figure}, {report.json}", highlight=False)
 
 
-def _accuracy_with_misses(summary: dict) -> str:
-    """'52.5% (3 ties, 1 unparsed of 40)': an accuracy that says how much of the rest is ties and parse failures."""
-    return (f"{100 * summary['accuracy']:.1f}% ({summary.get('ties', 0)} ties, {summary.get('failures', 0)} unparsed"
-            f" of {summary.get('n', 0)})")
-
-
 @app.command()
 def quickstart(out: Path = typer.Option(Path("runs/quickstart"), "--out", "-o", help="run directory"),
                recipe: Path = typer.Option(Path("recipes/quickstart.yaml"), "--recipe", "-r"),
@@ -534,98 +473,25 @@ def quickstart(out: Path = typer.Option(Path("runs/quickstart"), "--out", "-o", 
     """The main job on the embedded default (local Ray, CPU, no network): the synthetic world's shards, every
     reward-model evaluation mode, the P-GenRM stages (briefly), test-time scaling and Best-of-N with the shipped
     P-GenRM, GRPO with personalized rewards; a summary table, plots and mlflow runs under --out."""
-    import time
+    from pr_rlhf.tracking import ENV_URI
+    from workers.quickstart import StageRunners, quickstart_recipe, run_quickstart
 
-    from rich.table import Table
-
-    from pr_rlhf.peak_memory import PeakRSS
-    from pr_rlhf.tracking import DB_FILE, ENV_URI, make_tracker
-
-    q = lambda v: json.dumps(str(v))  # noqa: E731 - a YAML-safe override value
-    placed = [f"data.out={q(out / 'data')}", f"eval.shards={q(out / 'data')}", f"eval.out={q(out / 'eval')}"]
-    source = recipe if recipe.exists() else None
-    resolved = _recipe(source, placed + list(overrides or []))
-    # place every later stage that the recipe has under --out (placing one it lacks would conjure a default)
-    world_shards = out / "pgenrm" / "data"
-    later = {"train": [f"train.out={q(out / 'rl')}", f"train.data.shards={q(out / 'rl_world')}"],
-             "pgenrm": [f"pgenrm.out={q(out / 'pgenrm')}", f"pgenrm.shards={q(world_shards)}"],
-             "scaling": [f"scaling.out={q(out / 'scaling')}", f"scaling.shards={q(world_shards)}"],
-             "bon": [f"bon.out={q(out / 'bon')}", f"bon.shards={q(world_shards)}"]}
-    placed += [o for section, opts in later.items() if getattr(resolved, section) is not None for o in opts]
-    if resolved.tracking.mlflow_uri is None and not os.environ.get(ENV_URI):
-        # one store for every stage's run: `mlflow ui --backend-store-uri sqlite:///<out>/mlflow.db` shows them all
-        placed.append(f"tracking.mlflow_uri={q('sqlite:///' + str((out / DB_FILE).resolve()))}")
-    resolved = _recipe(source, placed + list(overrides or []))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "recipe.yaml").write_text(dump_recipe(resolved))
-    summary: list[tuple[str, str, float]] = []
-    # the quickstart's own run opens first, so a new experiment keeps its artifacts under <out>/mlartifacts
-    tracker = make_tracker(resolved.tracking, out, f"{resolved.name}/summary", tags={"stage": "quickstart"})
-    with tracker:
-        tracker.log_params(resolved.model_dump(mode="json"))
-        with PeakRSS() as memory:
-            start = time.perf_counter()
-
-            def done(stage: str, result: str, since: float) -> None:
-                summary.append((stage, result, time.perf_counter() - since))
-
-            console.rule(f"[bold]pr-rlhf quickstart[/] -> {out}")
-            console.rule("1. data: the synthetic persona world -> Arrow shards")
-            t = time.perf_counter()
-            report = run_data_build(resolved.data, resolved)
-            print_build_report(report)
-            done("data", f"{report.out_dir}", t)
-            console.rule("2. reward models on held-out pairs (base models: untrained, expect ~50% or parse failures)")
-            t = time.perf_counter()
-            result = run_eval_stage(resolved)
-            done("evaluation (untrained floor)", f"{result.run_dir}/report.md", t)
-            if resolved.pgenrm is not None:
-                console.rule("3. P-GenRM: PSI -> CRE -> curriculum, briefly (a useful GenRM needs ~30 min of PSI: the "
-                             "next stages use the shipped one)")
-                t = time.perf_counter()
-                stages = run_pgenrm_stage(resolved)
-                last = stages[resolved.pgenrm.stages[-1]]
-                done("P-GenRM stages (brief)", f"{resolved.pgenrm.stages[-1]} after {resolved.pgenrm.psi.steps} PSI "
-                     f"steps: seen {_accuracy_with_misses(last['seen']['summary'])}, "
-                     f"cold {_accuracy_with_misses(last['cold']['summary'])}", t)
-            if resolved.scaling is not None:
-                console.rule(f"4. test-time scaling of the shipped P-GenRM ({resolved.scaling.model})")
-                t = time.perf_counter()
-                grid = run_scaling_stage(resolved)
-                cells = ", ".join(f"{r.group} ({r.m},{r.n}) {100 * r.accuracy:.1f}" for r in grid["rows"])
-                done("test-time scaling", cells, t)
-            if resolved.bon is not None:
-                console.rule(f"5. Best-of-N: {resolved.bon.n} samples per prompt, best-of-k per reward model")
-                t = time.perf_counter()
-                bon_report = run_bon_stage(resolved)
-                validity = bon_report.get("validity", {})
-                done("Best-of-N", f"rho {validity.get('spearman_rho', float('nan')):+.2f}, NDCG "
-                     f"{validity.get('ndcg', float('nan')):.2f} over {len(validity.get('reward_models', []))} RMs "
-                     f"({validity.get('downstream', '-')})", t)
-            if resolved.train is not None:
-                console.rule("6. GRPO with personalized rewards (tiny policy; held-out = cold-start users)")
-                t = time.perf_counter()
-                rl = run_train_stage(resolved)
-                first, last = rl.evals[0], rl.evals[-1]
-                done("GRPO", f"held-out reward {first['eval/heldout_reward_mean']:+.3f} -> "
-                     f"{last['eval/heldout_reward_mean']:+.3f}", t)
-            total = time.perf_counter() - start
-        table = Table(title=f"quickstart summary ({total / 60:.1f} min, peak RSS {memory.peak_gb:.2f} GB over the "
-                            f"process tree)")
-        for col in ("stage", "result", "minutes"):
-            table.add_column(col)
-        for stage, text, seconds in summary:
-            table.add_row(stage, text, f"{seconds / 60:.1f}")
-        console.rule("[bold green]done")
-        console.print(table)
-        (out / "summary.json").write_text(json.dumps({"minutes": total / 60, "peak_rss_gb": memory.peak_gb,
-                                                      "stages": [{"stage": a, "result": b, "minutes": c / 60}
-                                                                 for a, b, c in summary]}, indent=1))
-        tracker.log_metrics({"quickstart/minutes": total / 60, "quickstart/peak_rss_gb": memory.peak_gb,
-                             # 'evaluation (untrained floor)' -> quickstart/minutes/evaluation (the tracker sanitizes)
-                             **{f"quickstart/minutes/{stage.split(' (')[0].lower()}": seconds / 60
-                                for stage, _, seconds in summary}})
-        tracker.log_artifact(out / "summary.json")
+    try:
+        resolved = quickstart_recipe(recipe, out, list(overrides or []))
+    except RecipeError as exc:
+        _fail(str(exc))
+        raise
+    summary = run_quickstart(resolved, out, StageRunners(
+        rule=console.rule, data=run_data_stage, eval=run_eval_stage, pgenrm=run_pgenrm_stage,
+        scaling=run_scaling_stage, bon=run_bon_stage, train=run_train_stage))
+    table = Table(title=f"quickstart summary ({summary.minutes:.1f} min, peak RSS {summary.peak_rss_gb:.2f} GB over "
+                        f"the process tree)")
+    for col in ("stage", "result", "minutes"):
+        table.add_column(col)
+    for stage in summary.stages:
+        table.add_row(stage.stage, stage.result, f"{stage.seconds / 60:.1f}")
+    console.rule("[bold green]done")
+    console.print(table)
     console.print(f"everything under {out}/ (summary.json; reports and plots per stage; every stage's mlflow run "
                   f"in {resolved.tracking.mlflow_uri or '$' + ENV_URI})", highlight=False)
 

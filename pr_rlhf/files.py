@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 COMPLETE = "COMPLETE"  # written last into a folder: only folders holding it are read back (resumed, skipped)
+_UMASK = os.umask(0o022)  # read once (umask can only be read by setting it), restored at once
+os.umask(_UMASK)
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
@@ -24,6 +26,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path
     os.close(fd)
     try:
         write(Path(tmp))
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes it private; give it the mode a plain open() would
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

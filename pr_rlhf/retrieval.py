@@ -1,8 +1,9 @@
 """Top-k profile retrieval: rank a user's past posts by relevance to a query (PROTOCOLS.md section 2).
 
 PRB feeds the reward model the top-10 posts of a dense retriever, each rendered as ``Post i (Category: c):``
-then the text. The public ranking scripts reorder texts but keep the *old* ids, so id and text disagree after
-ranking; here every ranked item is the input item itself (id, text and category travel together) plus its score.
+then the text (:func:`pr_rlhf.reward.inputs.render_profile`). The public ranking scripts reorder texts but keep
+the *old* ids, so id and text disagree after ranking; here every ranked item is the input item itself (id, text
+and category travel together) plus its score.
 Ties break deterministically: score descending, then the item's original position.
 
 Scorers: any :class:`~pr_rlhf.models.embedders.Embedder` (dot product of embeddings), the
@@ -84,13 +85,6 @@ def rank_profile(query: str, items: Iterable[Any], top_k: int | None = DEFAULT_T
     items = [profile_item(i) for i in items]
     scores = score_texts(query, [i["text"] for i in items], scorer if scorer is not None else default_embedder())
     return _ranked(items, scores, top_k)
-
-
-def render_profile(retrieved: Sequence[Mapping[str, Any]], k: int | None = None) -> str:
-    """PRB's prompt block: ``Post i (Category: c):`` then the text on the next line, posts joined by newlines."""
-    shown = list(retrieved)[:k] if k is not None else list(retrieved)
-    return "\n".join(f"Post {i} (Category: {item.get('category', '')}):\n{item.get('text', '')}"
-                     for i, item in enumerate(shown, 1))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -223,5 +217,5 @@ def copy_retrieved_to_pairs(queries: Iterable[Query], pairs: Iterable[Pair]) -> 
 
 __all__ = [
     "DEFAULT_TOP_K", "RetrievalStats", "Scorer", "copy_retrieved_to_pairs", "default_embedder", "profile_item",
-    "query_text", "rank_profile", "ranking_order", "render_profile", "retrieve_for_queries", "score_texts",
+    "query_text", "rank_profile", "ranking_order", "retrieve_for_queries", "score_texts",
 ]

@@ -19,15 +19,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pr_rlhf.configs.pgenrm import SFTStageConfig
 from pr_rlhf.configs.recipe import load_recipe
 from pr_rlhf.models.prompting import encode_prompt, load_tokenizer
 from pr_rlhf.models.sources import resolve_model
-from pr_rlhf.configs.pgenrm import SFTStageConfig
 from pr_rlhf.pgenrm.oracle_chain import oracle_chain
-from pr_rlhf.pgenrm.psi_data import psi_examples, rm_input
+from pr_rlhf.pgenrm.psi_data import psi_examples
+from pr_rlhf.reward.inputs import rm_input
 from pr_rlhf.reward.sec import format_sec, parse_sec, sec_compact_prompt
+from pr_rlhf.rl.prompts import SFTExample, sft_example
 from pr_rlhf.world.generator import World, build_world
 from pr_rlhf.world.reference import WorldPrior
+from workers.rl_loop import sft_steps
 
 
 @dataclass
@@ -51,6 +54,34 @@ def held_out(world: World, prior: WorldPrior, tok, style: str, n: int, seed: int
         out.append(HeldOut(encode_prompt(tok, sec_compact_prompt(rm_input(p, history), r1, r2)), first,
                            format_sec(chain.sec, final=False)))
     return out
+
+
+class InProcessSFT:
+    """The learner group's ``update_sft`` on one in-process model: token-mean NLL of the targets, AdamW, grad clip
+    1.0 (what ``sft_steps`` drives, without Ray)."""
+
+    def __init__(self, model, lr: float) -> None:
+        self.model = model
+        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+    def update_sft(self, batch: dict, lr: float) -> dict[str, float]:
+        pairs = list(zip(batch["prompt_ids"], batch["response_ids"]))
+        width = max(len(p) + len(t) for p, t in pairs)
+        ids = torch.zeros(len(pairs), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        labels = torch.full_like(ids, -100)
+        for i, (p, t) in enumerate(pairs):
+            ids[i, :len(p) + len(t)] = torch.tensor(p + t)
+            mask[i, :len(p) + len(t)] = 1
+            labels[i, len(p):len(p) + len(t)] = torch.tensor(t)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        loss = self.model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        self.opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        return {"sft/nll": loss.item()}
 
 
 def line_key(line: str) -> str:
@@ -116,42 +147,34 @@ def main() -> None:
     path = resolve_model(cfg.model)
     tok = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    data = [(encode_prompt(tok, e.messages), tok(e.target, add_special_tokens=False)["input_ids"] + [tok.eos_token_id])
-            for e in examples]
+    data = [sft_example(tok, e.messages, e.target) for e in examples]
     items = held_out(world, prior, tok, a.style, a.eval_n)
     print(f"{len(examples)} examples (kept {stats.kept_share:.3f}); prompt {np.mean([len(p) for p, _ in data]):.0f} "
           f"+ chain {np.mean([len(t) for _, t in data]):.0f} tokens; "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", flush=True)
     schedule = SFTStageConfig(steps=a.steps, lr=a.lr, warmup_steps=10)   # the pipeline's warm-up + cosine
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    learner = InProcessSFT(model, a.lr)
     order, pos, start = np.random.default_rng(1).permutation(len(data)), 0, time.time()
-    model.train()
-    for step in range(a.steps):
-        batch = []
+
+    def batch(step: int) -> list[SFTExample]:
+        """The next ``batch_size`` examples of a shuffled pass; a new pass reshuffles (seeded by its first step)."""
+        nonlocal order, pos
+        out = []
         for _ in range(a.batch_size):
             if pos == len(order):
                 order, pos = np.random.default_rng(step).permutation(len(data)), 0
-            batch.append(data[order[pos]])
+            out.append(data[order[pos]])
             pos += 1
-        width = max(len(p) + len(t) for p, t in batch)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        labels = torch.full_like(ids, -100)
-        for i, (p, t) in enumerate(batch):
-            ids[i, :len(p) + len(t)] = torch.tensor(p + t)
-            mask[i, :len(p) + len(t)] = 1
-            labels[i, len(p):len(p) + len(t)] = torch.tensor(t)
-        for group in opt.param_groups:
-            group["lr"] = schedule.lr_at(step)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        return out
+
+    def report(step: int, metrics: dict[str, float]) -> None:
         if step % 50 == 0 or step == a.steps - 1:
-            print(f"step {step} loss {loss.item():.4f} {time.time() - start:.0f}s", flush=True)
+            print(f"step {step} loss {metrics['sft/nll']:.4f} {time.time() - start:.0f}s", flush=True)
         if a.eval_every and step and step % a.eval_every == 0:
             print("EVAL", step, evaluate(model, tok, items, a.max_new), flush=True)
+
+    model.train()
+    sft_steps(learner, batch, schedule.lr_at, a.steps, on_step=report)
     print(f"RESULT {a.recipe} {a.style} steps={a.steps} lr={a.lr}", evaluate(model, tok, items, a.max_new), flush=True)
 
 

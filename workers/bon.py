@@ -18,9 +18,12 @@ from typing import Any
 import numpy as np
 
 from pr_rlhf.configs.bon import BoNConfig
+from pr_rlhf.configs.recipe import Recipe
+from pr_rlhf.files import atomic_write
 from pr_rlhf.models.base import SamplingParams
+from pr_rlhf.report_files import write_report_files
+from pr_rlhf.rl.prompts import PromptItem, make_item
 from pr_rlhf.shards import ShardReader
-from workers.controller import PromptItem, make_item
 
 DOWNSTREAM = "downstream"
 
@@ -29,8 +32,8 @@ def load_bon_prompts(cfg: BoNConfig, seed: int) -> list[tuple[PromptItem, dict]]
     """A seeded sample of held-out queries (cold-start users', or the test split): (policy prompt, what reward
     models and judges may see: the query's retrieved profile posts, the user's first ``history_pairs`` train pairs
     as (question, chosen, rejected) triples, and the query's rubric aspects and narrative for a rubric judge)."""
-    from pr_rlhf.reward.inputs import history_rows_by_user
     from pr_rlhf.configs.rl import RLDataConfig
+    from pr_rlhf.reward.inputs import history_rows_by_user
 
     reader = ShardReader(cfg.shards)
     cold = {(r["user_id"], r["subset"]) for r in reader.iter_rows("profiles") if r.get("cold_start")}
@@ -86,10 +89,8 @@ def _write_part(folder: Path, index: int, rows: list[dict]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".part-{index:05d}.tmp"
-    pq.write_table(pa.Table.from_pylist(rows), tmp)
-    tmp.rename(folder / f"part-{index:05d}.parquet")   # a part is complete or absent, never half written
+    # a part is complete or absent, never half written
+    atomic_write(folder / f"part-{index:05d}.parquet", lambda tmp: pq.write_table(pa.Table.from_pylist(rows), tmp))
 
 
 class BoNSweep:
@@ -103,7 +104,7 @@ class BoNSweep:
     def generate_pool(self, prompts: Sequence[tuple[PromptItem, dict]]) -> list[dict]:
         import ray
 
-        from workers.controller import generate_sharded
+        from workers.rl_loop import generate_sharded
         from workers.rollout import spawn_rollout_worker
 
         folder = self.out / "pool"
@@ -145,7 +146,8 @@ class BoNSweep:
     # ------------------------------------------------------------------------------------------ scores
     def score(self, name: str, reward_cfg: Any, pool: list[dict]) -> dict[tuple[str, int], float | None]:
         """(prompt id, sample) -> score (None: unscored), scoring only the prompts not yet on disk."""
-        from workers.reward import RewardPool, RewardRequest
+        from pr_rlhf.scorers import RewardRequest
+        from workers.reward import RewardPool
 
         folder = self.out / "scores" / name
         rows = _parts(folder)
@@ -238,7 +240,8 @@ class BoNSweep:
             key = rcfg.world.model_dump_json()
             if key not in worlds:
                 worlds[key] = build_world(rcfg.world)
-            bench[name] = estimate_accuracy(worlds[key], predictor, rcfg.history_pairs, users=users).accuracy
+            history = rcfg.history_pairs if rcfg.kind == "world_estimate" else 0   # the true weights read none
+            bench[name] = estimate_accuracy(worlds[key], predictor, history, users=users).accuracy
         return bench
 
     def write_report(self, curves: dict[str, list], counts: dict[str, dict[str, int]]) -> dict[str, Any]:
@@ -252,5 +255,30 @@ class BoNSweep:
             lines += [f"| {p.k} | {p.mean:.4f} [{p.ci_low:.4f}, {p.ci_high:.4f}] | {p.first_k_mean:.4f} |"
                       for p in rows]
             lines.append("")
-        (self.out / "bon.md").write_text("\n".join(lines) + "\n")
+        write_report_files(self.out, "bon", markdown="\n".join(lines) + "\n")
         return {"curves": {n: [p.__dict__ for p in pts] for n, pts in curves.items()}, "counts": counts}
+
+
+def run_bon(recipe: Recipe, address: str | None = None, log: Any = print) -> dict[str, Any]:
+    """`pr-rlhf bon`: the recipe's synthetic world built into the sweep's shards when absent, Ray joined at
+    ``address`` (else a local Ray), the sweep (resumed when killed), its metrics in one mlflow run; returns the
+    sweep's report (``<bon.out>/bon.md`` holds its tables)."""
+    import os
+
+    from data_pipelines.build import ensure_world_shards
+    from pr_rlhf.tracking import make_tracker
+    from workers.ray_utils import init_ray
+
+    cfg = recipe.bon
+    if cfg is None:
+        raise ValueError("the recipe has no bon: section")
+    if cfg.world is not None:
+        ensure_world_shards(cfg.shards, cfg.world, log=log)
+    init_ray(address, num_cpus=max(os.cpu_count() or 1, 2))
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    report = BoNSweep(cfg, seed=recipe.seed, log=log).run()
+    with make_tracker(recipe.tracking, cfg.out, f"{recipe.name}/bon", tags={"stage": "bon"}) as tracker:
+        tracker.log_params({"n": cfg.n, "prompts": cfg.prompts, "reward_models": ",".join(cfg.reward_models)})
+        for metrics in report["metrics"].values():
+            tracker.log_metrics(metrics)
+    return report

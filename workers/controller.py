@@ -8,36 +8,24 @@ all derived from them, and a checkpoint stores everything needed to continue exa
 from __future__ import annotations
 
 import json
-import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import torch
 
-from pr_rlhf.algos import ADVANTAGE_ESTIMATORS, apply_kl_to_rewards, kl_penalty
 from pr_rlhf.configs.recipe import Recipe, dump_recipe
-from pr_rlhf.eval.metrics import accuracy_ci
-from pr_rlhf.models.base import SamplingParams
-from pr_rlhf.reward.inputs import policy_messages
+from pr_rlhf.configs.rl import RLConfig
+from pr_rlhf.models.base import Generation, SamplingParams
+from pr_rlhf.models.prompting import load_tokenizer
+from pr_rlhf.models.sources import resolve_model
+from pr_rlhf.rl.prompts import PromptItem, batch_at, load_prompts, load_warmup_answers, sft_example
 from pr_rlhf.shards import ShardReader
+from pr_rlhf.stats import mean_ci
 from pr_rlhf.tracking import make_tracker
-from pr_rlhf.configs.rl import RLConfig, RLDataConfig
+from workers.rl_loop import generate_sharded, read_checkpoint, rl_step, sft_steps, sync_weights, write_checkpoint
 
 PER_PROMPT = "heldout_reward_per_prompt"   # an evaluation's mean reward per held-out prompt (same prompts each time)
-COMPLETE = "COMPLETE"          # written last into a checkpoint folder: only complete ones are resumed from
-CONTROLLER_STATE = "controller.json"
-
-
-@dataclass(frozen=True)
-class PromptItem:
-    prompt_id: str
-    user_id: str
-    subset: str
-    question: str
-    messages: list
 
 
 @dataclass
@@ -48,192 +36,17 @@ class RLResult:
     resumed_from: int = 0
 
 
-def query_plans(reader: ShardReader, data: RLDataConfig) -> dict[str, list[str]]:
-    """query id -> the aspects the policy is shown (``data.plan``: none, or the shards' rubrics)."""
-    if data.plan == "none":
-        return {}
-    plans = {r["query_id"]: [a["aspect"] for a in r["aspects"]] for r in reader.iter_rows("rubrics")}
-    if not plans:
-        raise ValueError(f"{data.shards}: train.data.plan='rubrics' but the shards hold no rubrics")
-    return plans
-
-
-def make_item(row: dict, data: RLDataConfig, plans: dict[str, list[str]]) -> PromptItem:
-    if data.plan != "none" and row["query_id"] not in plans:
-        raise ValueError(f"{data.shards}: query {row['query_id']!r} has no rubric (train.data.plan='rubrics')")
-    return PromptItem(row["query_id"], row["user_id"], row["subset"], row["question"],
-                      policy_messages(row["question"], row["retrieved"], data.profile_top_k,
-                                      plans.get(row["query_id"])))
-
-
-def load_prompts(cfg: RLConfig) -> tuple[list[PromptItem], list[PromptItem]]:
-    """Training prompts (queries of seen users) and held-out prompts (cold-start users, or the test split)."""
-    reader = ShardReader(cfg.data.shards)
-    cold = {(r["user_id"], r["subset"]) for r in reader.iter_rows("profiles") if r["cold_start"]}
-    plans = query_plans(reader, cfg.data)
-
-    def items(rows) -> list[PromptItem]:
-        return [make_item(r, cfg.data, plans) for r in rows]
-
-    train = items(r for r in reader.iter_rows("queries", cfg.data.train_split)
-                  if (r["user_id"], r["subset"]) not in cold)
-    if cfg.data.heldout == "cold_start" and cold:
-        held = items(r for r in reader.iter_rows("queries") if (r["user_id"], r["subset"]) in cold)
-    else:
-        held = items(reader.iter_rows("queries", "test"))
-    if not train or not held:
-        raise ValueError(f"{cfg.data.shards}: {len(train)} training and {len(held)} held-out prompts; need both")
-    held = [held[i] for i in np.random.default_rng(0).permutation(len(held))[:cfg.data.heldout_prompts]]
-    return train, held
-
-
-def load_warmup_answers(cfg: RLConfig) -> list[tuple[PromptItem, str]]:
-    """(prompt, answer) pairs from the training users' pairs: both answers of each pair, so a warm start learns
-    what answers look like without learning whom they suit."""
-    reader = ShardReader(cfg.data.shards)
-    plans = query_plans(reader, cfg.data)
-    out = []
-    for r in reader.iter_rows("pairs", cfg.data.train_split):
-        item = make_item(r, cfg.data, plans)
-        out += [(item, r["chosen"]), (item, r["rejected"])]
-    return out
-
-
 def heldout_rise(first: dict, last: dict, n_bootstrap: int = 2000, seed: int = 0) -> dict[str, float]:
     """Paired rise of the held-out reward between two evaluations: the mean over prompts of (last - first) with a
     95% bootstrap CI over prompts. Pairing removes what differs between users (their attainable reward), which
     dominates the unpaired CIs of each evaluation."""
     diff = np.asarray(last[PER_PROMPT]) - np.asarray(first[PER_PROMPT])
-    low, high = accuracy_ci(diff, n_bootstrap=n_bootstrap, seed=seed)
+    low, high = mean_ci(diff, n_bootstrap=n_bootstrap, seed=seed)
     return {"rise": float(diff.mean()), "ci_low": low, "ci_high": high, "prompts": int(diff.size)}
 
 
 def loggable(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if k != PER_PROMPT}
-
-
-def prompt_order(n: int, seed: int, epoch: int) -> np.ndarray:
-    return np.random.default_rng([seed, epoch]).permutation(n)
-
-
-def batch_at(prompts: list[PromptItem], position: int, count: int, seed: int) -> list[PromptItem]:
-    """``count`` prompts starting at global data ``position`` (epochs reshuffle with their own seed)."""
-    out = []
-    n = len(prompts)
-    for pos in range(position, position + count):
-        epoch, offset = divmod(pos, n)
-        out.append(prompts[prompt_order(n, seed, epoch)[offset]])
-    return out
-
-
-def complete_checkpoints(root: Path) -> list[Path]:
-    """The complete ``step_*`` checkpoint folders under ``root``, oldest first."""
-    return sorted((p for p in root.glob("step_*") if (p / COMPLETE).exists()), key=lambda p: int(p.name.split("_")[1]))
-
-
-def write_checkpoint(root: Path, learner: Any, step: int, data_position: Any, state: dict, keep: int) -> Path:
-    """``root/step_N``: the learner's state, the caller's ``state`` (JSON) and, last, the COMPLETE marker; all but
-    the newest ``keep`` complete checkpoints are removed."""
-    path = root / f"step_{step:06d}"
-    if path.exists():
-        shutil.rmtree(path)
-    learner.save_checkpoint(path / "learner", step, data_position)
-    (path / CONTROLLER_STATE).write_text(json.dumps(state))
-    (path / COMPLETE).write_text("ok\n")
-    for old in complete_checkpoints(root)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return path
-
-
-def read_checkpoint(root: Path, learner: Any) -> tuple[Path, dict] | None:
-    """Load the newest complete checkpoint under ``root`` into ``learner``; its path and saved state, or None."""
-    done = complete_checkpoints(root)
-    if not done:
-        return None
-    learner.load_checkpoint(done[-1] / "learner")
-    return done[-1], json.loads((done[-1] / CONTROLLER_STATE).read_text())
-
-
-def generate_sharded(rollouts: list, messages: list, params: SamplingParams) -> list:
-    """Prompts sharded over the rollout workers; results back in prompt order."""
-    import ray
-
-    shards = np.array_split(np.arange(len(messages)), len(rollouts))
-    futures = [w.generate.remote([messages[i] for i in idx], params) for w, idx in zip(rollouts, shards) if len(idx)]
-    out: list = []
-    for part in ray.get(futures):
-        out.extend(part)
-    return out
-
-
-def sync_weights(learner: Any, rollouts: list, version: int) -> None:
-    """The learner's current weights into every rollout engine (one object-store copy for all)."""
-    import ray
-
-    ref = ray.put(learner.state_dict_for_rollout())
-    ray.get([w.load_weights.remote(ref, version) for w in rollouts])
-
-
-def policy_update(learner: Any, cfg: RLConfig, prompt_ids: list[list[int]], response_ids: list[list[int]],
-                  rewards: np.ndarray, group: list[int], timer: Timer) -> tuple[dict[str, float], torch.Tensor]:
-    """One RL update from scored samples (a sequence reward on each response's last token): the KL term,
-    advantages (GRPO groups by ``group``, PPO's critic), the critic and policy updates. Returns the metrics and
-    the response lengths."""
-    batch: dict[str, Any] = {"prompt_ids": [list(p) for p in prompt_ids],
-                             "response_ids": [list(r) or [0] for r in response_ids]}
-    n = len(batch["response_ids"])
-    lengths = torch.tensor([len(ids) for ids in batch["response_ids"]])
-    width = int(lengths.max())
-    mask = (torch.arange(width)[None, :] < lengths[:, None]).float()
-    token_rewards = torch.zeros_like(mask)
-    token_rewards[torch.arange(n), lengths - 1] = torch.tensor(rewards, dtype=torch.float32)
-
-    metrics: dict[str, float] = {}
-    kl_cfg = cfg.learner.kl
-    kl_in_reward = kl_cfg.coef > 0 and kl_cfg.where == "reward"
-    # a single on-policy step takes the old log-probs from the update's own forward (no separate pass)
-    if kl_in_reward or not cfg.learner.single_update(n):
-        with timer.phase("old_logprobs"):
-            batch["old_logprobs"] = learner.compute_logprobs(batch)
-    if kl_in_reward:
-        with timer.phase("ref_logprobs"):
-            ref = learner.compute_ref_logprobs(batch)
-        kl = kl_penalty(batch["old_logprobs"], ref, kl_cfg.kind)
-        token_rewards, kl_stats = apply_kl_to_rewards(token_rewards, kl, kl_cfg.coef, mask)
-        metrics.update({f"train/{k}": float(v) for k, v in kl_stats.items()})
-    with timer.phase("advantages"):
-        if cfg.algorithm == "ppo":
-            batch["values"] = learner.compute_values(batch)
-            adv, returns = ADVANTAGE_ESTIMATORS.call(cfg.advantage_estimator, token_level_rewards=token_rewards,
-                                                     values=batch["values"], response_mask=mask,
-                                                     gamma=cfg.gamma, lam=cfg.lam)
-            batch["returns"] = returns
-        else:
-            adv, _ = ADVANTAGE_ESTIMATORS.call(cfg.advantage_estimator, token_level_rewards=token_rewards,
-                                               response_mask=mask, index=np.array(group))
-        batch["advantages"] = adv
-    with timer.phase("update"):
-        if cfg.algorithm == "ppo":
-            metrics.update(learner.update_critic(batch))
-        metrics.update(learner.update_policy(batch))
-    return metrics, lengths
-
-
-class Timer:
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    def phase(self, name: str):
-        timer = self
-
-        class _Phase:
-            def __enter__(self):
-                self.t0 = time.perf_counter()
-
-            def __exit__(self, *exc):
-                timer.seconds[name] = timer.seconds.get(name, 0.0) + time.perf_counter() - self.t0
-
-        return _Phase()
 
 
 class RLController:
@@ -276,13 +89,12 @@ class RLController:
         return learner + cfg.rollout_workers * cfg.rollout_num_cpus + pool.workers * pool.num_cpus
 
     def start_workers(self) -> None:
-        from workers.learner import LearnerGroup
-        from workers.reward import RewardPool
-        from workers.rollout import spawn_rollout_worker
-
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        from workers.learner import LearnerGroup
         from workers.ray_utils import reserve_bundles
+        from workers.reward import RewardPool
+        from workers.rollout import spawn_rollout_worker
 
         cfg = self.cfg
         learner_cfg = cfg.learner.model_copy(update={"temperature": cfg.temperature, "seed": self.recipe.seed})
@@ -329,14 +141,11 @@ class RLController:
         self._workers_started = False
 
     # ------------------------------------------------------------------------------------------ phases
-    def _generate(self, messages: list, params: SamplingParams) -> list:
-        return generate_sharded(self.rollouts, messages, params)
-
     def _sync_weights(self, version: int) -> None:
         sync_weights(self.learner, self.rollouts, version)
 
     def _score(self, items: list[PromptItem], texts: list[str], tag: str) -> np.ndarray:
-        from workers.reward import RewardRequest
+        from pr_rlhf.scorers import RewardRequest
 
         requests = [RewardRequest(request_id=f"{tag}/{i}", user_id=item.user_id, question=item.question,
                                   response=text) for i, (item, text) in enumerate(zip(items, texts))]
@@ -347,17 +156,22 @@ class RLController:
             raise RuntimeError(f"{len(failed)} of {len(results)} rewards failed, e.g. {failed[0].error}")
         return np.array([r.score for r in results], dtype=np.float64)
 
+    def _pool_rewards(self, items: list[PromptItem], gens: list[Generation], tag: str) -> tuple[np.ndarray, dict]:
+        """The reward pool's score of every sample (the RL step's reward function)."""
+        flat_items = [item for item, g in zip(items, gens) for _ in g.samples]
+        return self._score(flat_items, [s.text for g in gens for s in g.samples], tag), {}
+
     def evaluate(self, step: int) -> dict:
         """Mean reward of sampled answers to held-out users' prompts (seeded: comparable across steps)."""
         items = self.heldout_prompts
         params = SamplingParams(n=self.cfg.eval_samples, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                                 max_tokens=self.cfg.max_tokens, seed=self.recipe.seed + 7_777)
-        gens = self._generate([p.messages for p in items], params)
+        gens = generate_sharded(self.rollouts, [p.messages for p in items], params)
         flat_items = [item for item, g in zip(items, gens) for _ in g.samples]
         texts = [s.text for g in gens for s in g.samples]
         rewards = self._score(flat_items, texts, f"eval{step}")
         # samples of one prompt are not independent: the CI resamples whole prompts
-        low, high = accuracy_ci(rewards, seed=step, clusters=[item.prompt_id for item in flat_items])
+        low, high = mean_ci(rewards, seed=step, clusters=[item.prompt_id for item in flat_items])
         index = np.array([i for i, g in enumerate(gens) for _ in g.samples])
         per_prompt = (np.bincount(index, weights=rewards, minlength=len(items))
                       / np.maximum(np.bincount(index, minlength=len(items)), 1)).tolist()
@@ -368,58 +182,24 @@ class RLController:
 
     def train_step(self, step: int) -> dict:
         cfg = self.cfg
-        timer = Timer()
         items = batch_at(self.train_prompts, step * cfg.prompts_per_step, cfg.prompts_per_step, self.recipe.seed)
-        params = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p,
-                                max_tokens=cfg.max_tokens, seed=self.recipe.seed * 1_000_003 + step)
-        with timer.phase("rollout"):
-            gens = self._generate([p.messages for p in items], params)
-        bad = [g.error for g in gens if g.error]
-        if bad:
-            raise RuntimeError(f"rollout failed for {len(bad)} prompts, e.g. {bad[0]}")
-        rows, group = [], []
-        for gi, (item, gen) in enumerate(zip(items, gens)):
-            for sample in gen.samples:
-                rows.append((item, gen.prompt_token_ids, sample))
-                group.append(gi)
-        with timer.phase("reward"):
-            rewards = self._score([r[0] for r in rows], [r[2].text for r in rows], f"train{step}")
-        metrics, lengths = policy_update(self.learner, cfg, [r[1] for r in rows], [r[2].token_ids for r in rows],
-                                         rewards, group, timer)
-        with timer.phase("weight_sync"):
-            self._sync_weights(step + 1)
-        generated = int(lengths.sum())
-        metrics.update({
-            "step": step,
-            "reward/mean": float(rewards.mean()),
-            "reward/std": float(rewards.std()),
-            "rollout/response_tokens_mean": float(lengths.float().mean()),
-            "rollout/tokens_per_s": generated / max(timer.seconds["rollout"], 1e-9),
-            **{f"time/{k}_s": v for k, v in timer.seconds.items()},
-        })
-        return metrics
+        return rl_step(self.learner, self.rollouts, cfg, items,
+                       lambda prompts, gens: self._pool_rewards(prompts, gens, f"train{step}"), step, self.recipe.seed)
 
     def warm_start(self) -> dict:
         """Supervised next-token training on the shards' answers before RL (both answers of each training pair,
         so the policy learns what answers look like, not whom they suit), then the warm-started policy becomes
         the reference that the KL term and the rollout start from."""
-        from pr_rlhf.models.prompting import encode_prompt, load_tokenizer
-        from pr_rlhf.models.sources import resolve_model
-
         cfg = self.cfg
         tokenizer = load_tokenizer(resolve_model(cfg.learner.model))
         pairs = load_warmup_answers(cfg)
         order = np.random.default_rng([self.recipe.seed, 17]).permutation(len(pairs))
-        metrics: dict = {}
-        for step in range(cfg.warmup_sft_steps):
+
+        def batch(step: int) -> list:
             idx = [order[(step * cfg.warmup_sft_batch + i) % len(order)] for i in range(cfg.warmup_sft_batch)]
-            chosen = [pairs[i] for i in idx]
-            batch: dict[str, Any] = {
-                "prompt_ids": [encode_prompt(tokenizer, item.messages) for item, _ in chosen],
-                "response_ids": [tokenizer(text, add_special_tokens=False)["input_ids"][:cfg.max_tokens - 1]
-                                 + [tokenizer.eos_token_id] for _, text in chosen],
-            }
-            metrics = self.learner.update_sft(batch, cfg.warmup_sft_lr)
+            return [sft_example(tokenizer, pairs[i][0].messages, pairs[i][1], cfg.max_tokens - 1) for i in idx]
+
+        metrics = sft_steps(self.learner, batch, lambda _step: cfg.warmup_sft_lr, cfg.warmup_sft_steps)
         self.learner.rebase_reference()
         return {f"warmup/{k}": v for k, v in metrics.items()}
 
@@ -472,3 +252,24 @@ class RLController:
             return RLResult(self.run_dir, history, evals, resumed_from=start)
         finally:
             self.shutdown()
+
+
+def run_rl(recipe: Recipe, address: str | None = None, *, on_step: Callable[[dict], None] | None = None,
+           log: Callable[[str], None] = print) -> tuple[RLResult, dict[str, float]]:
+    """`pr-rlhf train`: the recipe's synthetic world built into its shards when absent, Ray joined at ``address``
+    (else a local Ray), the run; returns its result and the paired held-out rise from the first evaluation to the
+    last (:func:`heldout_rise`)."""
+    import math
+    import os
+
+    from data_pipelines.build import ensure_world_shards
+    from workers.ray_utils import init_ray
+
+    cfg = recipe.train
+    if cfg is not None and cfg.data.world is not None:
+        ensure_world_shards(cfg.data.shards, cfg.data.world, log=log)
+    controller = RLController(recipe, on_step=on_step)
+    # A local Ray offers logical CPUs: enough for every actor of the run, even on a 2-core laptop.
+    init_ray(address, num_cpus=max(os.cpu_count() or 1, math.ceil(controller.cpus_needed())))
+    result = controller.run()
+    return result, heldout_rise(result.evals[0], result.evals[-1])

@@ -10,29 +10,29 @@ reports on held-out pairs of seen users and of cold-start users, run as Ray task
 from __future__ import annotations
 
 import json
-import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from pr_rlhf.configs.recipe import EvalConfig, GenerationConfig, Recipe, TrackingConfig, dump_recipe
-from pr_rlhf.configs.base import EngineConfig
-from pr_rlhf.eval.metrics import accuracy_ci
-from pr_rlhf.models.base import SamplingParams
-from pr_rlhf.models.sources import resolve_model
+from pr_rlhf.configs.base import engine_config
 from pr_rlhf.configs.pgenrm import STAGE_PARENT, GRPOStageConfig, PGenRMConfig, SFTStageConfig
+from pr_rlhf.configs.recipe import EvalConfig, GenerationConfig, Recipe, TrackingConfig, dump_recipe
+from pr_rlhf.configs.rl import RLConfig
+from pr_rlhf.files import atomic_dir, is_complete, mark_complete
+from pr_rlhf.models.base import Generation, SamplingParams
+from pr_rlhf.models.prompting import load_tokenizer
+from pr_rlhf.models.sources import resolve_model
 from pr_rlhf.pgenrm.cre_reward import cre_reward
 from pr_rlhf.pgenrm.curriculum import hard_share_at, step_prompts
 from pr_rlhf.pgenrm.psi_data import PSIExample, psi_examples
+from pr_rlhf.rl.prompts import batch_at, sft_example
+from pr_rlhf.stats import mean_ci
 from pr_rlhf.tracking import make_tracker
-from pr_rlhf.configs.rl import RLConfig
 from pr_rlhf.world.generator import World, build_world
 from pr_rlhf.world.reference import WorldPrior
-from workers.controller import (COMPLETE, Timer, batch_at, generate_sharded, policy_update, read_checkpoint,
-                                sync_weights, write_checkpoint)
+from workers.rl_loop import read_checkpoint, rl_step, sft_steps, sync_weights, write_checkpoint
 
 RESULT = "result.json"
 EVAL_GROUPS = {"seen": ("val+test", "seen"), "cold": ("test", "cold_start")}
@@ -42,12 +42,6 @@ StepCallback = Callable[[str, int, int, dict], None]   # (stage, step done, step
 
 class StageOrderError(RuntimeError):
     """A stage was asked for before the stage it starts from was complete."""
-
-
-@dataclass
-class Encoded:
-    prompt_ids: list[int]
-    target_ids: list[int]
 
 
 def _run_eval_json(recipe_json: str, threads: int) -> dict:
@@ -74,7 +68,7 @@ def _run_planner_eval(model_dir: str, inputs: list, gold: list[list[str]], top_k
     from pr_rlhf.reward.planner import Planner
 
     torch.set_num_threads(threads)
-    engine = make_engine(EngineConfig(backend="hf", model=model_dir))
+    engine = make_engine(engine_config(backend="hf", model=model_dir))
     try:
         plans = Planner(engine, params=SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=seed)).plan(
             inputs, top_k)
@@ -84,7 +78,7 @@ def _run_planner_eval(model_dir: str, inputs: list, gold: list[list[str]], top_k
                        for plan, want in zip(plans, gold)]).reshape(-1, 2)
     out: dict[str, Any] = {"queries": len(gold), "parse_failures": sum(plan.error is not None for plan in plans)}
     for name, values in (("precision", scores[:, 0]), ("recall", scores[:, 1])):
-        low, high = accuracy_ci(values, seed=seed)
+        low, high = mean_ci(values, seed=seed)
         out[name] = {"mean": float(values.mean()), "ci_low": low, "ci_high": high}
     return out
 
@@ -103,12 +97,9 @@ def export_model(state: dict, base_dir: str, out_dir: Path) -> Path:
         raise ValueError(f"export: weights do not match {base_dir} (missing {missing[:5]}, unexpected "
                          f"{unexpected[:5]})")
     model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=False)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    AutoTokenizer.from_pretrained(base_dir).save_pretrained(tmp)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        AutoTokenizer.from_pretrained(base_dir).save_pretrained(tmp)
     return out_dir
 
 
@@ -122,7 +113,7 @@ def hardness_accuracy(predictions: str, world: World, seed: int = 0) -> dict[str
     for kind in ("standard", "hard"):
         values = np.array([c for pair_id, c in correct.items() if hardness.get(pair_id) == kind])
         if values.size:
-            low, high = accuracy_ci(values, seed=seed)
+            low, high = mean_ci(values, seed=seed)
             out[kind] = {"accuracy": float(values.mean()), "ci_low": low, "ci_high": high, "n": int(values.size)}
     return out
 
@@ -149,7 +140,7 @@ class PGenRMPipeline:
         return self.out / stage
 
     def is_complete(self, stage: str) -> bool:
-        return (self.stage_dir(stage) / COMPLETE).is_file()
+        return is_complete(self.stage_dir(stage))
 
     def result(self, stage: str) -> dict | None:
         path = self.stage_dir(stage) / RESULT
@@ -221,7 +212,7 @@ class PGenRMPipeline:
             result = {"stage": stage, "model": model_dir, "train_seconds": train_s,
                       "seconds": time.perf_counter() - t0, **evals}
         (sdir / RESULT).write_text(json.dumps(result, indent=1))
-        (sdir / COMPLETE).write_text("ok\n")
+        mark_complete(sdir)
         return result
 
     # ------------------------------------------------------------------------------------------ evaluation
@@ -233,7 +224,7 @@ class PGenRMPipeline:
             shards=self.cfg.shards, split=split, users=users, max_pairs=max_pairs, modes=["pairwise"],
             inputs=["none"], pairwise_format="sec_compact", history_pairs=ecfg.history_pairs,
             n_bootstrap=ecfg.n_bootstrap, out=str(self.stage_dir(stage) / f"eval_{group}"),
-            judge=EngineConfig(backend="hf", model=model_dir, max_model_len=self.cfg.rollout.max_model_len),
+            judge=engine_config(backend="hf", model=model_dir, max_model_len=self.cfg.rollout.max_model_len),
             generation=GenerationConfig(temperature=0.0, max_tokens=ecfg.max_tokens)),
             tracking=self.recipe.tracking if self.recipe.tracking else TrackingConfig())
 
@@ -298,22 +289,15 @@ class PGenRMPipeline:
     def _sft(self, stage: str, start: str, sdir: Path, tracker: Any, examples: list[tuple[list, str]],
              cfg: SFTStageConfig) -> tuple[str, list]:
         """Supervised steps on (messages, target) examples (epochs reshuffled with the run's seed), resumable."""
-        from pr_rlhf.models.prompting import encode_prompt, load_tokenizer
-
         tokenizer = load_tokenizer(start)
-        eos = tokenizer.eos_token_id
-        data = [Encoded(encode_prompt(tokenizer, messages),
-                        tokenizer(target, add_special_tokens=False)["input_ids"] + [eos])
-                for messages, target in examples]
+        data = [sft_example(tokenizer, messages, target) for messages, target in examples]
         learner = self._learner(start, cfg.lr)
         try:
             first, history = self._restore(sdir, learner)
-            for step in range(first, cfg.steps):
-                batch = batch_at(data, step * cfg.batch_size, cfg.batch_size, self.recipe.seed)
-                m = learner.update_sft({"prompt_ids": [b.prompt_ids for b in batch],
-                                        "response_ids": [b.target_ids for b in batch]}, cfg.lr_at(step))
-                self._record(stage, sdir, learner, tracker, step, cfg.steps, cfg.checkpoint_every,
-                             {"step": step, **m}, history)
+            sft_steps(learner, lambda step: batch_at(data, step * cfg.batch_size, cfg.batch_size, self.recipe.seed),
+                      cfg.lr_at, cfg.steps, first,
+                      on_step=lambda step, m: self._record(stage, sdir, learner, tracker, step, cfg.steps,
+                                                           cfg.checkpoint_every, {"step": step, **m}, history))
             return self._finish(learner, start, sdir), history
         finally:
             learner.shutdown()
@@ -353,6 +337,18 @@ class PGenRMPipeline:
         return [cre_reward(t, example.first_is_chosen, self.world.attribute_names, x1, x2, weights,
                            alpha=scfg.alpha, beta=scfg.beta, format_penalty=scfg.format_penalty) for t in texts]
 
+    def step_rewards(self, items: list[PSIExample], gens: list[Generation], scfg: GRPOStageConfig
+                     ) -> tuple[np.ndarray, dict]:
+        """The GRPO stages' reward function: the CRE reward of every sampled chain, and its outcome / process parts
+        and parse rate."""
+        scored = [r for item, gen in zip(items, gens) for r in self.chain_rewards(item, [s.text for s in gen.samples],
+                                                                                  scfg)]
+        parsed = [r for r in scored if r.parsed]
+        return np.array([r.reward for r in scored]), {
+            "reward/outcome": float(np.mean([r.outcome for r in parsed])) if parsed else 0.0,
+            "reward/process": float(np.mean([r.process for r in parsed])) if parsed else 0.0,
+            "reward/parse_rate": len(parsed) / len(scored)}
+
     def _grpo(self, stage: str, start: str, sdir: Path, tracker: Any) -> tuple[str, list]:
         import ray
 
@@ -365,7 +361,7 @@ class PGenRMPipeline:
                                                                scfg.steps)
         learner = self._learner(start, scfg.lr, scfg.temperature, scfg.kl)
         rl_cfg = RLConfig(algorithm="grpo", advantage=scfg.advantage, group_size=scfg.group_size,
-                          learner=learner.config)
+                          temperature=scfg.temperature, max_tokens=scfg.max_tokens, learner=learner.config)
         engine = self.cfg.rollout.model_copy(update={"model": start, "seed": self.recipe.seed})
         rollouts = [spawn_rollout_worker(engine, num_cpus=self.cfg.rollout_num_cpus,
                                          num_gpus=self.cfg.rollout_num_gpus,
@@ -375,38 +371,13 @@ class PGenRMPipeline:
             first, history = self._restore(sdir, learner)
             sync_weights(learner, rollouts, first)
             for step in range(first, scfg.steps):
-                timer = Timer()
                 items = step_prompts(pool, hard, step, scfg.prompts_per_step, self.recipe.seed, schedule)
-                params = SamplingParams(n=scfg.group_size, temperature=scfg.temperature,
-                                        max_tokens=scfg.max_tokens, seed=self.recipe.seed * 1_000_003 + step)
-                with timer.phase("rollout"):
-                    gens = generate_sharded(rollouts, [e.messages for e in items], params)
-                bad = [g.error for g in gens if g.error]
-                if bad:
-                    raise RuntimeError(f"rollout failed for {len(bad)} prompts, e.g. {bad[0]}")
-                prompt_ids, response_ids, scored, group = [], [], [], []
-                with timer.phase("reward"):
-                    for gi, (item, gen) in enumerate(zip(items, gens)):
-                        scored += self.chain_rewards(item, [s.text for s in gen.samples], scfg)
-                        for s in gen.samples:
-                            prompt_ids.append(gen.prompt_token_ids)
-                            response_ids.append(s.token_ids)
-                            group.append(gi)
-                rewards = np.array([r.reward for r in scored])
-                metrics, lengths = policy_update(learner, rl_cfg, prompt_ids, response_ids, rewards, group, timer)
-                with timer.phase("weight_sync"):
-                    sync_weights(learner, rollouts, step + 1)
-                parsed = [r for r in scored if r.parsed]
+                metrics = rl_step(learner, rollouts, rl_cfg, items,
+                                  lambda prompts, gens: self.step_rewards(prompts, gens, scfg), step, self.recipe.seed)
                 metrics.update({
-                    "step": step, "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),
-                    "reward/outcome": float(np.mean([r.outcome for r in parsed])) if parsed else 0.0,
-                    "reward/process": float(np.mean([r.process for r in parsed])) if parsed else 0.0,
-                    "reward/parse_rate": len(parsed) / len(scored),
                     "data/hard_share": float(np.mean([e.hardness == "hard" for e in items])),
                     "data/scheduled_hard_share": hard_share_at(step, scfg.steps, *schedule[:2]) if schedule else
                     float(np.mean(hard)),
-                    "rollout/response_tokens_mean": float(lengths.float().mean()),
-                    **{f"time/{k}_s": v for k, v in timer.seconds.items()},
                 })
                 self._record(stage, sdir, learner, tracker, step, scfg.steps, scfg.checkpoint_every, metrics,
                              history)
@@ -415,3 +386,24 @@ class PGenRMPipeline:
             for w in rollouts:
                 ray.kill(w)
             learner.shutdown()
+
+
+def run_pgenrm(recipe: Recipe, stages: list[str] | None = None, address: str | None = None, *,
+               on_step: StepCallback | None = None, on_event: Callable[[str], None] | None = None,
+               log: Callable[[str], None] = print) -> tuple[dict[str, dict], Any]:
+    """`pr-rlhf pgenrm`: the recipe's synthetic world built into its shards when absent, Ray joined at ``address``
+    (else a local Ray), the stages (all of the recipe's, or ``stages``; raises :class:`StageOrderError`), then the
+    ablation report over every complete stage. Returns ``({stage: result}, the ablation report)``."""
+    import os
+
+    from data_pipelines.build import ensure_world_shards
+    from pr_rlhf.pgenrm.report import write_ablation_report
+    from workers.ray_utils import init_ray
+
+    cfg = recipe.pgenrm
+    if cfg is None:
+        raise ValueError("the recipe has no pgenrm: section")
+    ensure_world_shards(cfg.shards, cfg.world, log=log)
+    init_ray(address, num_cpus=max(os.cpu_count() or 1, 3))
+    results = PGenRMPipeline(recipe, on_step=on_step, on_event=on_event).run(stages)
+    return results, write_ablation_report(cfg.out, title=f"{recipe.name}: P-GenRM ablation", seed=recipe.seed)

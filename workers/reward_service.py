@@ -1,4 +1,4 @@
-"""The personalized reward as a Ray Serve application: any scorer of ``workers/reward.py`` (planner + P-GenRM with
+"""The personalized reward as a Ray Serve application: any scorer of :mod:`pr_rlhf.scorers` (planner + P-GenRM with
 optional test-time scaling, scalar RM, rubric / HTTP judge, gold) behind a FastAPI ingress.
 
 Routes (schema in ``pr_rlhf.serve.schema``):
@@ -21,27 +21,25 @@ import asyncio
 import hmac
 import os
 import time
-from typing import Any
+from collections.abc import Callable
 
 from fastapi import FastAPI, Header, HTTPException
 from ray import serve
 
 from pr_rlhf.configs.serve import ServeConfig
+from pr_rlhf.scorers import Evaluation, RewardRequest, Scorer, build_scorer
 from pr_rlhf.serve.schema import OpenRLHFRequest, ScoreBatch, ScoreItem, ScoreResult
 
 app = FastAPI(title="pr_rlhf personalized reward")
 
 
-def _evaluate(scorer: Any, items: list[ScoreItem]) -> list[ScoreResult]:
+def _evaluate(scorer: Scorer, items: list[ScoreItem]) -> list[ScoreResult]:
     """One scorer call for the whole batch. A pair becomes one request for a GenRM comparing against a reference
     (both scores from one chain), two requests otherwise."""
-    from workers.reward import Evaluation, RewardRequest
-
-    chains = hasattr(scorer, "evaluate") and getattr(scorer.cfg, "genrm_mode", "") == "sec_reference"
     requests, owners = [], []
     for i, item in enumerate(items):
         meta = item.meta()
-        if item.responses is not None and not chains:
+        if item.responses is not None and not scorer.compares_with_reference:
             meta.pop("reference", None)
             for j, text in enumerate(item.responses):
                 requests.append(RewardRequest(f"{i}.{j}", item.user_id, item.query, text, meta))
@@ -49,12 +47,8 @@ def _evaluate(scorer: Any, items: list[ScoreItem]) -> list[ScoreResult]:
         else:
             requests.append(RewardRequest(str(i), item.user_id, item.query, item.target, meta))
             owners.append((i, 0))
-    if hasattr(scorer, "evaluate"):
-        evaluations = scorer.evaluate(requests)
-    else:
-        evaluations = [Evaluation((s,), None) if s is not None else Evaluation(None, e)
-                       for s, e in scorer.score(requests)]
-    parts: dict[int, list[Any]] = {}
+    evaluations = scorer.evaluate(requests)
+    parts: dict[int, list[Evaluation]] = {}
     for (i, _), ev in zip(owners, evaluations):
         parts.setdefault(i, []).append(ev)
     results = []
@@ -77,8 +71,6 @@ def _evaluate(scorer: Any, items: list[ScoreItem]) -> list[ScoreResult]:
 @serve.ingress(app)
 class RewardService:
     def __init__(self, cfg: dict):
-        from workers.reward import build_scorer
-
         self.cfg = ServeConfig.model_validate(cfg)
         self.token: str | None = None
         if self.cfg.auth_token_env:
@@ -178,3 +170,32 @@ def deploy(cfg: ServeConfig, *, blocking: bool = False) -> str:
     ).bind(cfg.model_dump())
     serve.run(application, name=cfg.name, route_prefix=cfg.route_prefix, blocking=blocking)
     return f"http://{cfg.host}:{cfg.port}{cfg.route_prefix.rstrip('/')}"
+
+
+def run_reward_service(cfg: ServeConfig, address: str | None = None, *, detach: bool = False,
+                       on_ready: Callable[[str], None] = print, on_stop: Callable[[], None] = lambda: None) -> None:
+    """`pr-rlhf serve-reward`: Ray joined at ``address`` (else a local Ray), the service deployed (``on_ready(url)``),
+    then, unless ``detach`` (the service stays on the cluster until `serve shutdown`), served until Ctrl-C or
+    SIGTERM (``on_stop()``, then Serve shut down)."""
+    import signal
+
+    from workers.ray_utils import init_ray
+
+    init_ray(address, num_cpus=max(os.cpu_count() or 1, 2))
+    on_ready(deploy(cfg))
+    if detach:
+        return
+    # Ctrl-C and SIGTERM (`kill`, `docker stop`, `ray job stop`) stop it gracefully, whatever disposition it
+    # inherited: a command started from a background job (`cmd &` in a script, CI) starts with SIGINT ignored,
+    # and Python then leaves it ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        while True:
+            # short sleeps: the kernel may hand Ctrl-C to one of Ray's threads, and Python raises it in the main
+            # thread only once that thread runs again (a long sleep would hold it for its whole length)
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        on_stop()
+    finally:
+        serve.shutdown()

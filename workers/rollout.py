@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pr_rlhf.configs.recipe import EngineConfig
+from pr_rlhf.configs.base import EngineBase, EngineConfig, engine_config
 from pr_rlhf.models import Generation, Prompt, SamplingParams, make_engine
 
 ROLLOUT_BACKENDS = ("hf", "vllm")
@@ -27,7 +27,7 @@ ROLLOUT_BACKENDS = ("hf", "vllm")
 
 class RolloutWorker:
     def __init__(self, cfg: EngineConfig | Mapping[str, Any], env: Mapping[str, str] | None = None) -> None:
-        cfg = cfg if isinstance(cfg, EngineConfig) else EngineConfig.model_validate(dict(cfg))
+        cfg = cfg if isinstance(cfg, EngineBase) else engine_config(**cfg)
         if cfg.backend not in ROLLOUT_BACKENDS:
             raise ValueError(f"a rollout worker needs a local engine ({' or '.join(ROLLOUT_BACKENDS)}), "
                              f"not {cfg.backend!r}: weights cannot be pushed to an HTTP server")

@@ -22,16 +22,12 @@ def build_prototypes(cfg: ScalingEvalConfig, engine: Any, embedder: Any, seed: i
     """(index, member histories, info): the persona of each seen user (the GenRM's greedy chain on one of their
     train pairs), K-means into k prototypes refined on the users' history triples; loaded instead when the
     artifacts exist for this embedder."""
+    from pr_rlhf.scaling.build import build_index
+    from pr_rlhf.scaling.embedding import embed_personas, embedder_name
     from pr_rlhf.scaling.grid import member_histories
-    from pr_rlhf.scaling.prototypes import (
-        PrototypeIndex,
-        RefineConfig,
-        UserHistory,
-        build_index,
-        embed_personas,
-        embedder_name,
-        explained_variance,
-    )
+    from pr_rlhf.scaling.index import PrototypeIndex
+    from pr_rlhf.scaling.kmeans import explained_variance
+    from pr_rlhf.scaling.refine import UserHistory
     from pr_rlhf.scaling.scorer import ScaledJudge
 
     pcfg = cfg.scaling.prototypes
@@ -55,9 +51,8 @@ def build_prototypes(cfg: ScalingEvalConfig, engine: Any, embedder: Any, seed: i
     variance = explained_variance(vectors, pcfg.candidate_ks, seed=seed)
     refine = None
     user_histories = None
-    if pcfg.refine_steps > 0:
-        refine = RefineConfig(steps=pcfg.refine_steps, lr=pcfg.refine_lr, centroid_coef=pcfg.centroid_coef,
-                              smooth_coef=pcfg.smooth_coef, seed=seed)
+    if pcfg.refine.steps > 0:
+        refine = pcfg.refine.model_copy(update={"seed": seed})
         user_histories = user_history_embeddings(users, histories, embedder, UserHistory)
     index = build_index(users, texts, embedder, pcfg.k, seed, histories=user_histories, refine_cfg=refine)
     index.save(path)
@@ -71,7 +66,7 @@ def user_history_embeddings(users: list[str], histories: dict[str, list[dict]], 
                             cls: Any) -> list[Any]:
     """Each user's history triples embedded (question, chosen, rejected): one encoder call per field for all users
     together (one call per user and field would be 3 x users small batches)."""
-    from pr_rlhf.scaling.prototypes import embed_personas
+    from pr_rlhf.scaling.embedding import embed_personas
 
     sizes = [len(histories[u]) for u in users]
     fields = {key: embed_personas([t[key] for u in users for t in histories[u]], embedder)
@@ -86,7 +81,7 @@ def run_grid(cfg_json: str, seed: int, threads: int) -> dict[str, Any]:
     import torch
     from tqdm import tqdm
 
-    from pr_rlhf.configs.base import EngineConfig
+    from pr_rlhf.configs.base import engine_config
     from pr_rlhf.models import make_engine
     from pr_rlhf.models.embedders import make_embedder
     from pr_rlhf.scaling.grid import GROUPS, grid_rows, group_inputs
@@ -95,7 +90,7 @@ def run_grid(cfg_json: str, seed: int, threads: int) -> dict[str, Any]:
     torch.set_num_threads(threads)
     cfg = ScalingEvalConfig.model_validate_json(cfg_json)
     out = Path(cfg.out)
-    engine = make_engine(EngineConfig(backend="hf", model=cfg.model, seed=seed))
+    engine = make_engine(engine_config(backend="hf", model=cfg.model, seed=seed))
     embedder = make_embedder(cfg.scaling.prototypes.embedder, cache=False)
     big_m, big_n = cfg.largest
     t0 = time.perf_counter()
@@ -119,19 +114,27 @@ def run_grid(cfg_json: str, seed: int, threads: int) -> dict[str, Any]:
     return {"rows": [r.as_dict() for r in rows], "failures": failures, "seconds": seconds, **info}
 
 
-def run_scaling(recipe: Recipe) -> dict[str, Any]:
-    """Runs the grid as a Ray task (Ray initialized by the caller), writes the report, logs to mlflow."""
+def run_scaling(recipe: Recipe, address: str | None = None, log: Any = print) -> dict[str, Any]:
+    """`pr-rlhf scaling`: the recipe's synthetic world built into its shards when absent, Ray joined at ``address``
+    (else a local Ray, unless one is up), the grid as a Ray task, its report, its mlflow run."""
+    import os
+
     import ray
 
+    from data_pipelines.build import ensure_world_shards
     from pr_rlhf.pgenrm.report import world_references
     from pr_rlhf.scaling.grid import GridRow, write_grid_report
     from pr_rlhf.tracking import make_tracker
     from pr_rlhf.world.generator import build_world
     from pr_rlhf.world.reference import reference_accuracies
+    from workers.ray_utils import init_ray
 
     cfg = recipe.scaling
     if cfg is None:
         raise ValueError("the recipe has no scaling: section")
+    if cfg.world is not None:
+        ensure_world_shards(cfg.shards, cfg.world, log=log)
+    init_ray(address, num_cpus=max(os.cpu_count() or 1, 2))
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     task = ray.remote(num_cpus=1)(run_grid)

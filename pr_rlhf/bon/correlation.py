@@ -13,8 +13,13 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pr_rlhf.bon.validity import ndcg, spearman_rho
+from pr_rlhf.report_files import new_figure, write_report_files
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
 
 
 @dataclass
@@ -98,8 +103,6 @@ def _fmt(x: float) -> str:
 
 def write_correlation_report(report: CorrelationReport, out: Path, title: str = "Benchmark validity") -> Path:
     """correlation.md / .json / .png in ``out``; returns the markdown path."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     lines = [f"## {title}", "",
              "Reward models ranked by benchmark accuracy vs by downstream quality. Spearman's rho (average ranks "
              "for ties); NDCG of the benchmark's order with the downstream value as relevance (min-max: [0, 1]; "
@@ -107,6 +110,7 @@ def write_correlation_report(report: CorrelationReport, out: Path, title: str = 
              "| downstream | RMs | Spearman rho | NDCG (min-max) | NDCG (z-score) |", "|---|---|---|---|---|"]
     lines += [f"| {a.downstream} | {len(a.reward_models)} | {_fmt(a.spearman_rho)} | {_fmt(a.ndcg_minmax)} | "
               f"{_fmt(a.ndcg_zscore)} |" for a in report.agreements]
+    figure = None
     if report.agreements:
         best_of = [a for a in report.agreements if "best_of_" in a.downstream]
         last = (best_of or report.agreements)[-1]   # the largest k: the headline column
@@ -115,22 +119,17 @@ def write_correlation_report(report: CorrelationReport, out: Path, title: str = 
         order = sorted(range(len(last.reward_models)), key=lambda i: -last.benchmark[i])
         lines += [f"| {last.reward_models[i]} | {100 * last.benchmark[i]:.1f} | {last.quality[i]:.4f} |"
                   for i in order]
-        _plot(last, out / "correlation.png")
+        figure = _figure(last)
     if report.skipped:
         lines += ["", f"Skipped (fewer than 2 RMs with a benchmark accuracy): {', '.join(report.skipped)}"]
-    md = out / "correlation.md"
-    md.write_text("\n".join(lines) + "\n")
-    (out / "correlation.json").write_text(json.dumps(report.as_dict(), indent=1))
-    return md
+    files = write_report_files(out, "correlation", markdown="\n".join(lines) + "\n", data=report.as_dict(),
+                               figure=figure)
+    return files.markdown
 
 
-def _plot(a: Agreement, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 4))
+def _figure(a: Agreement) -> Figure:
+    fig = new_figure(figsize=(5.5, 4))
+    ax = fig.subplots()
     ax.scatter([100 * b for b in a.benchmark], a.quality)
     for name, b, q in zip(a.reward_models, a.benchmark, a.quality):
         ax.annotate(name, (100 * b, q), fontsize=7, xytext=(3, 3), textcoords="offset points")
@@ -138,5 +137,4 @@ def _plot(a: Agreement, path: Path) -> None:
     ax.set_ylabel(a.downstream.replace("_", " "))
     ax.set_title(f"rho {_fmt(a.spearman_rho)}, NDCG {_fmt(a.ndcg_minmax)}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from pr_rlhf.bon.estimator import expected_best_of_k, first_k_quality, powers_of_two
-from pr_rlhf.eval.metrics import accuracy_ci
+from pr_rlhf.report_files import new_figure, save_figure
+from pr_rlhf.stats import mean_ci
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def curve(pools: Sequence[ScoredPool], ks: Sequence[int] | None = None, n_bootst
         for k in ks:
             values = np.array([expected_best_of_k(p.scores, p.quality, k) for p in members])
             first = np.array([first_k_quality(p.scores, p.quality, k) for p in members])
-            low, high = accuracy_ci(values, n_bootstrap=n_bootstrap, seed=seed)
+            low, high = mean_ci(values, n_bootstrap=n_bootstrap, seed=seed)
             out.append(CurvePoint(subset, int(k), float(values.mean()), low, high, len(members),
                                   float(first.mean())))
     return out
@@ -59,12 +60,8 @@ def curve(pools: Sequence[ScoredPool], ks: Sequence[int] | None = None, n_bootst
 
 def _plot_lines(lines: Mapping[str, Sequence[CurvePoint]], path: Path, title: str, bold: str | None = None) -> Path:
     """Mean quality vs k (log2 axis) with its CI band, one line per entry of ``lines``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig = new_figure(figsize=(6.5, 4.2))
+    ax = fig.subplots()
     for label, points in lines.items():
         rows = sorted(points, key=lambda p: p.k)
         ks = [p.k for p in rows]
@@ -76,10 +73,7 @@ def _plot_lines(lines: Mapping[str, Sequence[CurvePoint]], path: Path, title: st
     ax.set_title(title)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(path, fig)
 
 
 def plot_curves(points: Sequence[CurvePoint], path: Path, title: str = "Best-of-k") -> Path:

@@ -2,12 +2,17 @@
 
 Pydantic only. Kept apart from :mod:`pr_rlhf.configs.recipe` so the section modules (``pr_rlhf.configs.reward``,
 ``pr_rlhf.rl``) can build on them while ``pr_rlhf.configs.recipe`` assembles the root recipe from all sections.
+
+An engine is one of three members, chosen by ``backend`` (absent: ``hf``): :class:`HFEngineConfig`,
+:class:`VLLMEngineConfig`, :class:`OpenAIEngineConfig`. Fields are typed :data:`EngineConfig` (the union);
+code builds one with :func:`engine_config`, which chooses the member exactly as a recipe does.
 """
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
 
 
 class StrictModel(BaseModel):
@@ -15,23 +20,77 @@ class StrictModel(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
+    # What a section takes from the nearest enclosing section that declares it, when it leaves the field unset
+    # (pr_rlhf.configs.inherit), and what it declares to the sections inside it (field -> whether their explicit
+    # values must agree with its own).
+    INHERITED: ClassVar[tuple[str, ...]] = ()
+    DECLARES: ClassVar[Mapping[str, bool]] = {}
 
-class EngineConfig(StrictModel):
-    """Which model answers, and through which backend."""
+    def inherited_fields(self) -> tuple[str, ...]:
+        """The fields this section inherits; a union member may narrow them by its values."""
+        return self.INHERITED
 
-    backend: Literal["hf", "vllm", "openai"] = "hf"
+
+def tagged_union(members: Mapping[str, type[BaseModel]], key: str, default: str, what: str) -> Any:
+    """The annotated union of ``members`` keyed by the field ``key``; a mapping without ``key`` is the ``default``
+    member (old recipes omit it), a model instance is its own member."""
+
+    def tag(value: Any) -> str | None:
+        if isinstance(value, Mapping):
+            return value.get(key, default)
+        return getattr(value, key, None)
+
+    choices = tuple(Annotated[cls, Tag(name)] for name, cls in members.items())
+    return Annotated[Union[choices], Discriminator(   # a union of a runtime tuple of members
+        tag, custom_error_type=f"invalid_{key}",
+        custom_error_message=f"unknown {what} {key}: expected one of {', '.join(map(repr, members))}")]
+
+
+def parser(union: Any) -> Callable[..., Any]:
+    """``parse(**fields)``: the member of ``union`` that the fields select, validated."""
+    adapter = TypeAdapter(union)
+
+    def parse(**fields: Any) -> Any:
+        return adapter.validate_python(fields)
+
+    return parse
+
+
+class EngineBase(StrictModel):
+    """Which model answers, and through which backend: what every backend reads."""
+
+    INHERITED: ClassVar[tuple[str, ...]] = ("seed",)
+
+    backend: str
     model: str = Field("tiny", description="'tiny' (built from a config, tokenizer trained locally), 'smollm2' "
                                            "(shipped SmolLM2-135M-Instruct), a local directory, or (openai / "
                                            "networked machines only) a served or hub model name")
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     max_model_len: int = Field(2048, ge=16)
     seed: int = 0
-    # local backends
+
+
+class HFEngineConfig(EngineBase):
+    """transformers in this process."""
+
+    backend: Literal["hf"] = "hf"
+    device: str = "cpu"
+
+
+class VLLMEngineConfig(EngineBase):
+    """Offline ``vllm.LLM`` in this process."""
+
+    backend: Literal["vllm"] = "vllm"
     device: str = "cpu"
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     tensor_parallel_size: int = Field(1, ge=1)
     enable_prefix_caching: bool = True
-    # openai backend
+
+
+class OpenAIEngineConfig(EngineBase):
+    """An OpenAI-compatible HTTP server."""
+
+    backend: Literal["openai"] = "openai"
     base_url: str = "http://127.0.0.1:8000/v1"
     api_key_env: str = Field("OPENAI_API_KEY", description="name of the environment variable holding the key "
                                                             "(the key itself never appears in a recipe or log)")
@@ -39,6 +98,12 @@ class EngineConfig(StrictModel):
     timeout_s: float = Field(60.0, gt=0)
     max_retries: int = Field(3, ge=0)
     backoff_s: float = Field(0.5, ge=0)
+
+
+ENGINE_MEMBERS: dict[str, type[EngineBase]] = {"hf": HFEngineConfig, "vllm": VLLMEngineConfig,
+                                               "openai": OpenAIEngineConfig}
+EngineConfig = tagged_union(ENGINE_MEMBERS, "backend", "hf", "engine")
+engine_config: Callable[..., HFEngineConfig | VLLMEngineConfig | OpenAIEngineConfig] = parser(EngineConfig)
 
 
 class GenerationConfig(StrictModel):

@@ -1,22 +1,31 @@
 """Typed configuration of a Best-of-N sweep (the ``bon:`` section of a recipe). Pydantic only."""
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from pr_rlhf.configs.base import EngineConfig, StrictModel
-from pr_rlhf.configs.reward import RewardConfig
+from pr_rlhf.configs.base import EngineConfig, StrictModel, engine_config
+from pr_rlhf.configs.inherit import Declared, fill_children
+from pr_rlhf.configs.reward import RewardConfig, reward_config
 from pr_rlhf.configs.world import WorldConfig
 
 
 class BoNConfig(StrictModel):
     """N samples per prompt generated once by the policy on rollout workers, every sample scored once by each
-    reward model and by the downstream judge; best-of-k for every k from that one pool."""
+    reward model and by the downstream judge; best-of-k for every k from that one pool.
 
-    policy: EngineConfig = Field(default_factory=lambda: EngineConfig(backend="hf", model="smollm2"))
+    The reward models and the downstream judge that read the synthetic world (gold, world_estimate, a GenRM's
+    world_compact view) inherit the sweep's ``world`` (:mod:`pr_rlhf.configs.inherit`)."""
+
+    INHERITED: ClassVar[tuple[str, ...]] = ("world", "shards", "out")
+    DECLARES: ClassVar[Mapping[str, bool]] = {"world": True}
+
+    policy: EngineConfig = Field(default_factory=lambda: engine_config(backend="hf", model="smollm2"))
     shards: str = Field("runs/bon/data", description="shards of the prompts (built from ``world`` when absent)")
-    world: WorldConfig | None = Field(None, description="a synthetic world to build the shards from")
+    world: WorldConfig | None = Field(None, description="a synthetic world to build the shards from (default: the "
+                                                        "recipe's world when it sets one)")
     prompts_from: Literal["cold_start", "test"] = Field("cold_start", description="held-out queries: those of "
                                                                                   "cold-start users, or the test split")
     prompts: int = Field(16, ge=1, description="prompts in the sweep (a seeded sample)")
@@ -33,14 +42,14 @@ class BoNConfig(StrictModel):
     rollout_num_cpus: float = Field(1.0, gt=0)
     rollout_num_gpus: float = Field(0.0, ge=0)
     reward_models: dict[str, RewardConfig] = Field(
-        default_factory=lambda: {"gold": RewardConfig(kind="gold")},
+        default_factory=lambda: {"gold": reward_config(kind="gold")},
         description="name -> reward model whose argmax picks the best of k")
     benchmark_accuracy: dict[str, float | str] = Field(
         default_factory=dict, description="name -> the RM's benchmark accuracy for the validity report: a number "
                                           "in [0, 1], or 'path/result.json:group' (a `pr-rlhf eval` / P-GenRM stage "
                                           "result and its group, e.g. seen); world_estimate and gold RMs get theirs "
                                           "from the world when not given")
-    downstream: RewardConfig = Field(default_factory=lambda: RewardConfig(kind="gold", normalize=True),
+    downstream: RewardConfig = Field(default_factory=lambda: reward_config(kind="gold", normalize=True),
                                      description="the downstream judge: the synthetic world's gold utility, or a "
                                                  "rubric judge through any engine")
     ks: list[int] | None = Field(None, description="default: 1, 2, 4, ... up to n")
@@ -49,14 +58,8 @@ class BoNConfig(StrictModel):
 
     @model_validator(mode="after")
     def _inherit_world(self) -> BoNConfig:
-        """Reward models and the downstream judge that read the synthetic world (gold, world_estimate, a GenRM's
-        world_compact view) and name none judge in the sweep's ``world``."""
-        if self.world is None:
-            return self
-        for rcfg in [*self.reward_models.values(), self.downstream]:
-            reads_world = rcfg.kind in ("gold", "world_estimate") or rcfg.response_view == "world_compact"
-            if reads_world and "world" not in rcfg.model_fields_set:
-                rcfg.world = self.world
+        if self.world is not None:
+            fill_children(self, {"world": Declared(self.world, "world", strict=self.DECLARES["world"])})
         return self
 
     @model_validator(mode="after")

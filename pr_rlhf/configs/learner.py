@@ -14,13 +14,13 @@ Batch sizes are counted in samples (one prompt + one response):
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from pr_rlhf.configs.base import StrictModel
 
-Strategy = Literal["fsdp2", "deepspeed", "none"]
+Strategy = Literal["fsdp2", "none"]
 LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm",
                       "seq-mean-token-mean"]
 KLKind = Literal["k1", "k2", "k3", "abs", "k1+", "k3+", "abs+"]
@@ -52,6 +52,8 @@ class CriticConfig(StrictModel):
 class LearnerConfig(StrictModel):
     """Every knob of ``workers.learner.LearnerWorker`` / ``LearnerGroup``."""
 
+    INHERITED: ClassVar[tuple[str, ...]] = ("seed",)
+
     model: str = Field("tiny", description="model spec for pr_rlhf.models.sources.resolve_model: 'tiny', "
                                            "'smollm2', or a local HF causal-LM directory")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
@@ -59,10 +61,8 @@ class LearnerConfig(StrictModel):
                                "precision casts parameters for compute and reduces gradients in float32)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto': cuda when the worker sees a GPU")
     world_size: int = Field(1, ge=1, description="number of learner ranks (Ray actors, one per GPU / CPU slot)")
-    strategy: Strategy = Field("fsdp2", description="'fsdp2' (torch fully_shard; gloo on CPU, nccl on GPU), "
-                                                    "'deepspeed' (ZeRO, needs the deepspeed package), 'none' "
-                                                    "(a plain module; world_size 1 only)")
-    zero_stage: int = Field(2, ge=1, le=3, description="ZeRO stage (strategy 'deepspeed' only)")
+    strategy: Strategy = Field("fsdp2", description="'fsdp2' (torch fully_shard; gloo on CPU, nccl on GPU) or "
+                                                    "'none' (a plain module; world_size 1 only)")
     num_cpus_per_worker: float = Field(0.5, gt=0, description="Ray CPU resources per rank (fractional lets two "
                                                               "ranks fit a 2-core machine)")
     num_gpus_per_worker: float = Field(1.0, gt=0, le=1, description="GPU share of a rank on GPU (0.5 lets a rank "
@@ -114,6 +114,13 @@ class LearnerConfig(StrictModel):
     kl: KLConfig = Field(default_factory=KLConfig)
     critic: CriticConfig = Field(default_factory=CriticConfig)
     seed: int = 0
+
+    @field_validator("strategy", mode="before")
+    @classmethod
+    def _strategy_not_removed(cls, v: object) -> object:
+        if v == "deepspeed":
+            raise ValueError("strategy 'deepspeed' was removed until it can be tested on a GPU machine; use 'fsdp2'")
+        return v
 
     @field_validator("betas")
     @classmethod

@@ -5,11 +5,11 @@ hard pairs rising), and the planner's SFT. Pydantic only: ``pr-rlhf check`` vali
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from pr_rlhf.configs.base import EngineConfig, StrictModel
+from pr_rlhf.configs.base import EngineConfig, StrictModel, engine_config
 from pr_rlhf.configs.learner import KLConfig, LearnerConfig
 from pr_rlhf.configs.world import WorldConfig
 
@@ -103,8 +103,11 @@ class PGenRMEvalConfig(StrictModel):
 
 
 class PGenRMConfig(StrictModel):
+    INHERITED: ClassVar[tuple[str, ...]] = ("world", "shards", "out")
+
     world: WorldConfig = Field(default_factory=lambda: WorldConfig(rendering="compact"),
-                               description="the synthetic world trained and evaluated on")
+                               description="the synthetic world trained and evaluated on (default: the recipe's "
+                                           "world when it sets one, else this compact one)")
     shards: str = Field("runs/pgenrm/data", description="the world's shards (built when absent)")
     out: str = "runs/pgenrm"
     model: str = Field("tiny-genrm", description="initial GenRM: a tiny spec (from scratch), 'smollm2', a path")
@@ -124,7 +127,7 @@ class PGenRMConfig(StrictModel):
     learner: LearnerConfig = Field(default_factory=lambda: LearnerConfig(
         model="tiny-genrm", lr=2e-4, micro_batch_size=16, weight_decay=0.0, betas=(0.9, 0.95),
         num_cpus_per_worker=1.0))
-    rollout: EngineConfig = Field(default_factory=lambda: EngineConfig(backend="hf", model="tiny-genrm"))
+    rollout: EngineConfig = Field(default_factory=lambda: engine_config(backend="hf", model="tiny-genrm"))
     rollout_workers: int = Field(1, ge=1)
     rollout_num_cpus: float = Field(1.0, gt=0)
     rollout_num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per rollout worker (a vLLM rollout on GPU)")

@@ -3,26 +3,41 @@
 Imports pydantic and yaml only (never torch or Ray), so the CLI answers ``--help`` and rejects a bad recipe fast.
 A recipe is YAML; any field can be overridden from the command line as ``a.b.c=value`` (the value is parsed as
 YAML, so ``data.top_k=5`` is an int and ``world.rendering=varied`` a string).
+
+The root declares ``seed`` and ``world`` once for the whole recipe: a section that leaves them unset inherits the
+root's (:mod:`pr_rlhf.configs.inherit`).
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import ClassVar, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from pr_rlhf.configs.base import EngineConfig, GenerationConfig, ScalarRMConfig, StrictModel
-from pr_rlhf.configs.pgenrm import PGenRMConfig
-from pr_rlhf.configs.scaling import ScalingEvalConfig
+from pr_rlhf.configs.base import (
+    ENGINE_MEMBERS,
+    EngineConfig,
+    GenerationConfig,
+    ScalarRMConfig,
+    StrictModel,
+    engine_config,
+)
 from pr_rlhf.configs.bon import BoNConfig
-from pr_rlhf.configs.reward import RewardConfig
-from pr_rlhf.configs.serve import ServeConfig
+from pr_rlhf.configs.inherit import Declared, fill_children
+from pr_rlhf.configs.pgenrm import PGenRMConfig
+from pr_rlhf.configs.reward import REWARD_MEMBERS, RewardConfig, reward_config
 from pr_rlhf.configs.rl import RLConfig
+from pr_rlhf.configs.scaling import ScalingEvalConfig
+from pr_rlhf.configs.serve import ServeConfig
 from pr_rlhf.configs.world import WorldConfig
 
 __all__ = ["DataConfig", "EngineConfig", "EvalConfig", "GenerationConfig", "Recipe", "RecipeError", "RewardConfig",
-           "RLConfig", "ScalarRMConfig", "StrictModel", "TrackingConfig", "load_recipe"]
+           "RLConfig", "ScalarRMConfig", "StrictModel", "TrackingConfig", "engine_config", "load_recipe",
+           "reward_config"]
+
+# The union tags pydantic puts into an error's location (reward.genrm.judge): not part of the recipe's own path.
+UNION_TAGS: frozenset[str] = frozenset(ENGINE_MEMBERS) | frozenset(REWARD_MEMBERS)
 
 SourceName = Literal["synthetic", "prb", "lamp_qa", "personal_rewardbench"]
 
@@ -53,6 +68,7 @@ class DataConfig(StrictModel):
 
 
 class EvalConfig(StrictModel):
+    INHERITED: ClassVar[tuple[str, ...]] = ("shards", "out")
     shards: str = Field("runs/quickstart/data", description="shard directory built by `pr-rlhf data build`")
     split: str = Field("test", description="split of the evaluated pairs; several joined by '+' (val+test)")
     subsets: list[str] | None = None
@@ -76,7 +92,7 @@ class EvalConfig(StrictModel):
     both_orders: bool = Field(False, description="judge each pair in both slot orders")
     n_bootstrap: int = Field(1000, ge=10)
     out: str = "runs/eval"
-    judge: EngineConfig = Field(default_factory=EngineConfig)
+    judge: EngineConfig = Field(default_factory=engine_config)
     planner: EngineConfig | None = Field(None, description="defaults to the judge's engine")
     scalar_rm: ScalarRMConfig = Field(default_factory=ScalarRMConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
@@ -90,20 +106,39 @@ class TrackingConfig(StrictModel):
 
 
 class Recipe(StrictModel):
-    """The root of every recipe file."""
+    """The root of every recipe file. ``seed`` is the seed of every section inside; ``world``, when set, the
+    default world of every section and scorer inside (:mod:`pr_rlhf.configs.inherit`)."""
 
     name: str = "recipe"
-    seed: int = 0
+    seed: int = Field(0, description="the seed of every section that has one (engines, scorers, learners, the "
+                                     "prototype refinement) and sets none")
     data: DataConfig = Field(default_factory=DataConfig)
-    world: WorldConfig = Field(default_factory=WorldConfig)
+    shards: str | None = Field(None, description="when set, the shard folder of every section that reads shards "
+                               "(eval, train.data, pgenrm, scaling, bon) and names none; one that names another "
+                               "is an error")
+    out: str | None = Field(None, description="when set, the output folder of every section that writes one (eval, "
+                            "train, pgenrm, scaling, bon) and names none; one that names another is an error")
+    world: WorldConfig = Field(default_factory=WorldConfig, description="the synthetic world of `pr-rlhf data "
+                               "build`, and (when set) of every section and scorer that names none")
     eval: EvalConfig = Field(default_factory=EvalConfig)
-    reward: RewardConfig = Field(default_factory=RewardConfig, description="the reward pool's scorer")
+    reward: RewardConfig = Field(default_factory=reward_config, description="the reward pool's scorer")
     train: RLConfig | None = Field(None, description="an RL run (GRPO / PPO): `pr-rlhf train`")
     pgenrm: PGenRMConfig | None = Field(None, description="P-GenRM training stages: `pr-rlhf pgenrm`")
     scaling: ScalingEvalConfig | None = Field(None, description="test-time scaling grid: `pr-rlhf scaling`")
     bon: BoNConfig | None = Field(None, description="Best-of-N sweep: `pr-rlhf bon`")
     serve: ServeConfig | None = Field(None, description="the reward service: `pr-rlhf serve-reward`")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @model_validator(mode="after")
+    def _inherit_root_fields(self) -> Recipe:
+        declared = {"seed": Declared(self.seed, "seed", strict=True)}   # its default 0 is every section's
+        if "world" in self.model_fields_set:
+            declared["world"] = Declared(self.world, "world", strict=False)   # a section may run its own
+        for name in ("shards", "out"):   # one folder: a section that names another is a mistake
+            if getattr(self, name) is not None:
+                declared[name] = Declared(getattr(self, name), name, strict=True)
+        fill_children(self, declared)
+        return self
 
 
 class RecipeError(ValueError):
@@ -132,11 +167,29 @@ def apply_override(tree: dict, dotted: str) -> None:
     node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
 
 
-def format_validation_error(exc: ValidationError, origin: str) -> str:
+def recipe_path(loc: tuple[int | str, ...], tree: Any) -> str:
+    """An error location as the recipe's own dotted path: the union tags pydantic inserts are left out (a part
+    is a tag when it names a member and is no key of the recipe at that point: ``bon.reward_models.gold`` keeps
+    the name, drops the tag)."""
+    parts: list[str] = []
+    node = tree
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif part in UNION_TAGS:
+            continue
+        else:
+            node = None
+        parts.append(str(part))
+    return ".".join(parts) or "<root>"
+
+
+def format_validation_error(exc: ValidationError, origin: str, tree: Any = None) -> str:
     lines = [f"{origin}: invalid recipe"]
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
-        lines.append(f"  field {loc}: {err['msg']}")
+        lines.append(f"  field {recipe_path(err['loc'], tree)}: {err['msg']}")
     return "\n".join(lines)
 
 
@@ -160,7 +213,7 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
     try:
         return model.model_validate(tree)
     except ValidationError as exc:
-        raise RecipeError(format_validation_error(exc, origin)) from None
+        raise RecipeError(format_validation_error(exc, origin, tree)) from None
 
 
 def dump_recipe(recipe: BaseModel) -> str:

@@ -4,16 +4,18 @@ Pydantic only (no torch, no Ray): ``pr-rlhf check`` validates a recipe before an
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from pr_rlhf.configs.base import EngineConfig, StrictModel
+from pr_rlhf.configs.base import EngineConfig, StrictModel, engine_config
 from pr_rlhf.configs.learner import LearnerConfig
 from pr_rlhf.configs.world import WorldConfig
 
 
 class RLDataConfig(StrictModel):
+    INHERITED: ClassVar[tuple[str, ...]] = ("world", "shards")
+
     shards: str = Field("runs/quickstart/data", description="shard directory (`pr-rlhf data build`)")
     train_split: str = Field("train", description="queries of seen users in this split are training prompts")
     heldout: Literal["cold_start", "test"] = Field(
@@ -23,13 +25,15 @@ class RLDataConfig(StrictModel):
     profile_top_k: int = Field(0, ge=0, description="retrieved profile posts shown in the policy prompt")
     world: WorldConfig | None = Field(
         None, description="a synthetic world to build the shards from when `shards` does not exist yet (`pr-rlhf "
-                          "train` builds it; shards of another world there are an error)")
+                          "train` builds it; shards of another world there are an error); default: the recipe's "
+                          "world when it sets one")
     plan: Literal["none", "rubrics"] = Field(
         "none", description="aspects shown in the policy prompt: none, or the shards' rubric of each query (the "
                             "synthetic world's gold rubric; PRB / LaMP-QA rubrics on real data)")
 
 
 class RLConfig(StrictModel):
+    INHERITED: ClassVar[tuple[str, ...]] = ("out",)
     algorithm: Literal["grpo", "ppo"] = "grpo"
     advantage: str | None = Field(None, description="name in pr_rlhf.algos.ADVANTAGE_ESTIMATORS; default: "
                                                     "'grpo' for GRPO, 'gae' for PPO")
@@ -54,7 +58,7 @@ class RLConfig(StrictModel):
     keep_checkpoints: int = Field(2, ge=1)
     resume: bool = Field(True, description="continue from the newest complete checkpoint in out/checkpoints")
     out: str = "runs/rl"
-    rollout: EngineConfig = Field(default_factory=EngineConfig)
+    rollout: EngineConfig = Field(default_factory=engine_config)
     rollout_workers: int = Field(1, ge=1)
     rollout_num_cpus: float = Field(1.0, gt=0, description="Ray CPUs per rollout worker")
     rollout_num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per rollout worker (1 for a vLLM on GPU)")

@@ -4,14 +4,14 @@ from __future__ import annotations
 from pydantic import Field
 
 from pr_rlhf.configs.base import StrictModel
-from pr_rlhf.configs.reward import RewardConfig
+from pr_rlhf.configs.reward import RewardConfig, reward_config
 
 
 class ServeConfig(StrictModel):
-    """One Ray Serve deployment hosting one scorer (any ``RewardConfig``: the planner + P-GenRM with optional
+    """One Ray Serve deployment hosting one scorer (any :data:`RewardConfig`: the planner + P-GenRM with optional
     test-time scaling, a scalar RM, a rubric or HTTP judge, the world's gold), behind an HTTP ingress."""
 
-    reward: RewardConfig = Field(default_factory=RewardConfig, description="what each replica hosts")
+    reward: RewardConfig = Field(default_factory=reward_config, description="what each replica hosts")
     host: str = Field("127.0.0.1", description="bind address; loopback by default (set 0.0.0.0 deliberately)")
     port: int = Field(8000, ge=0, le=65535, description="HTTP port (0: any free port, printed at start)")
     name: str = Field("pr_rlhf_reward", description="the Serve application name")

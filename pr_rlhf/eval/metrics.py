@@ -16,7 +16,7 @@ validates that the three agree.
 
 **Both-order judging**: a pair judged twice, once per slot order, gives two records with the same pair and
 ``order`` 0 and 1. Accuracy is then the mean over all verdicts, and the bootstrap resamples *pairs* with both their
-verdicts (a cluster bootstrap), since the two verdicts of a pair are not independent.
+verdicts (a cluster bootstrap, ``pr_rlhf.stats``), since the two verdicts of a pair are not independent.
 
 :func:`summarize` turns the records of one (mode, inputs) group into a JSON-ready dict (schema in its docstring);
 :func:`summarize_groups` does it for every group. Everything is seeded and deterministic: the same records and
@@ -25,17 +25,17 @@ seed give the same numbers, whatever order the records arrive in.
 from __future__ import annotations
 
 import math
-import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 import numpy as np
 
+from pr_rlhf.stats import CI_LEVEL, bootstrap_ci, cluster_ids, seeded_rng
+
 MODES = ("pointwise", "pairwise")
 KNOWN_INPUTS = ("none", "profile", "plan")     # EvalConfig.inputs; other non-empty names are accepted too
 SLOTS = ("A", "B")
-CI_LEVEL = 0.95
 
 Mode = Literal["pointwise", "pairwise"]
 Slot = Literal["A", "B", ""]
@@ -174,67 +174,6 @@ def _as_float(x: Any) -> float | None:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Bootstrap
-# --------------------------------------------------------------------------------------------------------------
-
-def _rng(seed: int, *names: str) -> np.random.Generator:
-    """A generator derived from ``seed`` and names, stable across processes (no Python ``hash``)."""
-    return np.random.default_rng([int(seed) & 0xFFFFFFFF] + [zlib.crc32(n.encode()) for n in names])
-
-
-def _cluster_ids(clusters: Sequence[Any] | np.ndarray) -> np.ndarray:
-    """Dense integer ids (in order of first appearance) for arbitrary hashable cluster labels."""
-    ids: dict[Any, int] = {}
-    out = np.empty(len(clusters), dtype=np.int64)
-    for i, c in enumerate(clusters):
-        key = tuple(c) if isinstance(c, (list, np.ndarray)) else c
-        out[i] = ids.setdefault(key, len(ids))
-    return out
-
-
-def _bootstrap_ci(correct: np.ndarray, cluster_ids: np.ndarray | None, n_bootstrap: int,
-                  rng: np.random.Generator, level: float) -> tuple[float, float]:
-    correct = np.asarray(correct, dtype=np.float64)
-    if correct.size == 0 or n_bootstrap < 1:
-        return float("nan"), float("nan")
-    if cluster_ids is None:
-        sums, counts = correct, np.ones_like(correct)
-    else:
-        n_clusters = int(cluster_ids.max()) + 1
-        sums = np.bincount(cluster_ids, weights=correct, minlength=n_clusters)
-        counts = np.bincount(cluster_ids, minlength=n_clusters).astype(np.float64)
-    m = len(sums)
-    stats = np.empty(n_bootstrap, dtype=np.float64)
-    chunk = max(1, min(n_bootstrap, 4_000_000 // m))      # bound memory at ~32 MB of indices per chunk
-    for start in range(0, n_bootstrap, chunk):
-        stop = min(n_bootstrap, start + chunk)
-        idx = rng.integers(m, size=(stop - start, m))
-        stats[start:stop] = sums[idx].sum(axis=1) / counts[idx].sum(axis=1)
-    alpha = (1.0 - level) / 2.0
-    lo, hi = np.quantile(stats, [alpha, 1.0 - alpha])
-    return float(lo), float(hi)
-
-
-def accuracy_ci(correct: np.ndarray, n_bootstrap: int = 1000, seed: int = 0, clusters: Sequence[Any] | None = None,
-                level: float = CI_LEVEL) -> tuple[float, float]:
-    """Percentile bootstrap CI (default 95%) of the mean of ``correct`` (0/1, scores in [0, 1], or any real
-    values such as rewards: the statistic is the mean).
-
-    Without ``clusters`` items are resampled independently. With ``clusters`` (one label per item, e.g. the pair
-    id for both-order judging) whole clusters are resampled with all their items and the statistic is the
-    pooled mean (sum of resampled items / their count), matching the point estimate ``correct.mean()``.
-    Returns (nan, nan) for no items. Deterministic in ``seed``.
-    """
-    correct = np.asarray(correct, dtype=np.float64).ravel()
-    cid = None
-    if clusters is not None:
-        if len(clusters) != len(correct):
-            raise ValueError(f"clusters has {len(clusters)} labels for {len(correct)} items")
-        cid = _cluster_ids(clusters)
-    return _bootstrap_ci(correct, cid, int(n_bootstrap), _rng(seed), level)
-
-
-# --------------------------------------------------------------------------------------------------------------
 # Summaries
 # --------------------------------------------------------------------------------------------------------------
 
@@ -256,7 +195,7 @@ def _accuracy_block(correct: np.ndarray, cid: np.ndarray, n_bootstrap: int, seed
         return {"accuracy": None, "ci_low": None, "ci_high": None, "n": 0, "n_pairs": 0}
     # re-densify the cluster ids of this subset of items
     _, local = np.unique(cid, return_inverse=True)
-    lo, hi = _bootstrap_ci(correct, local, n_bootstrap, _rng(seed, *names), CI_LEVEL)
+    lo, hi = bootstrap_ci(correct, seeded_rng(seed, *names), n_bootstrap, clusters=local)
     return {"accuracy": float(correct.mean()), "ci_low": _none_if_nan(lo), "ci_high": _none_if_nan(hi),
             "n": len(correct), "n_pairs": int(local.max()) + 1}
 
@@ -304,7 +243,7 @@ def summarize(preds: Iterable[Prediction], n_bootstrap: int = 1000, seed: int = 
     correct = np.array([p.correct for p in preds], dtype=np.float64)
     tie = np.array([p.tie for p in preds], dtype=bool)
     failed = np.array([p.error is not None for p in preds], dtype=bool)
-    cid = _cluster_ids([p.cluster for p in preds])
+    cid = cluster_ids([p.cluster for p in preds])
     group = group_key(mode, inputs)
     overall = _accuracy_block(correct, cid, n_bootstrap, seed, group, "overall")
 

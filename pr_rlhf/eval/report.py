@@ -12,11 +12,10 @@ Reference lines (e.g. the synthetic world's oracle / logistic regression / chanc
 name -> accuracy, where the accuracy is a float, an (accuracy, ci_low, ci_high) tuple, a dict with those keys,
 or any object with those attributes (``pr_rlhf.world.reference.Estimate``).
 
-Matplotlib is used through its object API on the Agg canvas (no pyplot, no global backend switch).
+Every file is written atomically through ``pr_rlhf.report_files`` (figures on the Agg canvas, outside pyplot).
 """
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pr_rlhf.eval.metrics import Prediction, flatten_summary, summarize_groups
+from pr_rlhf.files import atomic_write, atomic_write_text
+from pr_rlhf.report_files import new_figure, save_figure, write_json
 
 PREDICTIONS_FILE = "predictions.parquet"
 METRICS_FILE = "metrics.json"
@@ -62,10 +63,8 @@ def predictions_table(preds: Iterable[Prediction]) -> pa.Table:
 
 
 def write_predictions(preds: Iterable[Prediction], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(predictions_table(preds), path, compression="zstd")
-    return path
+    table = predictions_table(preds)
+    return atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
 
 
 def read_predictions(path: str | Path) -> list[Prediction]:
@@ -120,32 +119,14 @@ def _opt(x: Any) -> float | None:
 # Metrics JSON
 # --------------------------------------------------------------------------------------------------------------
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.bool_,)):
-        return bool(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        x = float(x)
-        return None if math.isnan(x) or math.isinf(x) else x
-    return x
-
-
 def write_metrics(summaries: Mapping[str, dict], path: str | Path, references: Mapping[str, Any] | None = None,
                   extra: Mapping[str, Any] | None = None) -> Path:
     """``{"groups": summaries, "references": {name: {accuracy, ci_low, ci_high}}, **extra}`` as strict JSON
     (NaN written as null)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"groups": dict(summaries),
            "references": {r.name: r.as_dict() for r in normalize_references(references)}}
     doc.update(extra or {})
-    path.write_text(json.dumps(_jsonable(doc), indent=2, allow_nan=False) + "\n")
-    return path
+    return write_json(path, doc, indent=2, strict=True)
 
 
 def metrics_for_tracking(summaries: Mapping[str, dict], prefix: str = "eval") -> dict[str, float]:
@@ -230,17 +211,13 @@ def accuracy_figure(summaries: Mapping[str, dict], references: Mapping[str, Any]
                     title: str | None = None):
     """A matplotlib Figure (Agg canvas): accuracy bars with 95% CI error bars per (mode, inputs), and one
     horizontal line per reference (shaded band for its CI when given)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     keys = list(summaries)
     accs = np.array([np.nan if summaries[k]["accuracy"] is None else summaries[k]["accuracy"] for k in keys])
     lo = np.array([summaries[k]["ci_low"] if summaries[k]["ci_low"] is not None else np.nan for k in keys])
     hi = np.array([summaries[k]["ci_high"] if summaries[k]["ci_high"] is not None else np.nan for k in keys])
     err = np.vstack([np.nan_to_num(accs - lo), np.nan_to_num(hi - accs)]).clip(min=0)
 
-    fig = Figure(figsize=(max(5.5, 1.1 * len(keys) + 4.0), 4.0), dpi=120)
-    FigureCanvasAgg(fig)
+    fig = new_figure(figsize=(max(5.5, 1.1 * len(keys) + 4.0), 4.0), dpi=120)
     ax = fig.add_subplot(1, 1, 1)
     x = np.arange(len(keys))
     colors = ["#4C72B0" if summaries[k]["mode"] == "pointwise" else "#DD8452" for k in keys]
@@ -272,10 +249,7 @@ def accuracy_figure(summaries: Mapping[str, dict], references: Mapping[str, Any]
 
 def plot_accuracy(summaries: Mapping[str, dict], path: str | Path, references: Mapping[str, Any] | None = None,
                   title: str | None = None) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    accuracy_figure(summaries, references, title).savefig(path, format="png")
-    return path
+    return save_figure(path, accuracy_figure(summaries, references, title))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -302,7 +276,6 @@ def write_report(run_dir: str | Path, preds: Sequence[Prediction], *, n_bootstra
     summaries = summarize_groups(preds, n_bootstrap=n_bootstrap, seed=seed)
     p = write_predictions(preds, run_dir / PREDICTIONS_FILE)
     m = write_metrics(summaries, run_dir / METRICS_FILE, references, extra)
-    md = run_dir / MARKDOWN_FILE
-    md.write_text(markdown_table(summaries, references, title))
+    md = atomic_write_text(run_dir / MARKDOWN_FILE, markdown_table(summaries, references, title))
     fig = plot_accuracy(summaries, run_dir / FIGURE_FILE, references, title)
     return Report(summaries, p, m, md, fig, [p, m, md, fig])

@@ -22,13 +22,14 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 import numpy as np
+
+from pr_rlhf.files import atomic_write, atomic_write_text
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -60,7 +61,7 @@ def _offline() -> None:
     # path can never turn into a download attempt.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from pr_rlhf.models.sources import quiet_hf_loading
+    from pr_rlhf.models.hf_engine import quiet_hf_loading
 
     quiet_hf_loading()
 
@@ -74,7 +75,9 @@ def model_fingerprint(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     """
     root = Path(path)
     digest = hashlib.sha256()
-    for file in sorted(p for p in root.rglob("*") if p.is_file() and not any(s.startswith(".") for s in p.relative_to(root).parts)):
+    files = (p for p in root.rglob("*")
+             if p.is_file() and not any(s.startswith(".") for s in p.relative_to(root).parts))
+    for file in sorted(files):
         rel = file.relative_to(root).as_posix()
         digest.update(rel.encode())
         size = file.stat().st_size
@@ -293,16 +296,15 @@ class CachedEmbedder:
         folder = self.folder
         if folder is None or not self._dirty:
             return folder
-        folder.mkdir(parents=True, exist_ok=True)
         keys = sorted(self._rows, key=self._rows.__getitem__)
-        for filename, write in (
-            ("embeddings.npy", lambda fh: np.save(fh, self._matrix[: self._size], allow_pickle=False)),
-            ("index.json", lambda fh: fh.write(json.dumps({"name": self.name, "keys": keys}).encode())),
-        ):
-            fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-            with os.fdopen(fd, "wb") as fh:
-                write(fh)
-            os.replace(tmp, folder / filename)
+
+        def save_matrix(tmp: Path) -> None:
+            with open(tmp, "wb") as fh:   # a file object: np.save would append ".npy" to a temporary's path
+                np.save(fh, self._matrix[: self._size], allow_pickle=False)
+
+        # the index last: a reader that finds it finds the matrix it describes (or ignores a mismatch, see _load)
+        atomic_write(folder / "embeddings.npy", save_matrix)
+        atomic_write_text(folder / "index.json", json.dumps({"name": self.name, "keys": keys}))
         self._dirty = False
         return folder
 

@@ -17,10 +17,10 @@ import copy
 import functools
 import dataclasses
 import itertools
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pr_rlhf.models.sources import quiet_hf_loading
 from pr_rlhf.models.base import Generation, Prompt, Sample, SamplingParams
 from pr_rlhf.models.prompting import (
     encode_continuation,
@@ -34,7 +34,17 @@ from pr_rlhf.models.prompting import (
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from pr_rlhf.configs.recipe import EngineConfig
+    from pr_rlhf.configs.base import HFEngineConfig
+
+
+def quiet_hf_loading() -> None:
+    """Silence transformers' per-model loading bars and load reports (a fresh score head is expected here):
+    they would interleave with the pipeline's own progress output."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
 
 
 def _torch_dtype(name: str) -> Any:
@@ -65,7 +75,7 @@ class HFEngine:
         self._calls = itertools.count()
 
     @classmethod
-    def from_config(cls, cfg: EngineConfig) -> HFEngine:
+    def from_config(cls, cfg: HFEngineConfig) -> HFEngine:
         from pr_rlhf.models.sources import resolve_model
 
         return cls(resolve_model(cfg.model), dtype=cfg.dtype, device=cfg.device, max_model_len=cfg.max_model_len,

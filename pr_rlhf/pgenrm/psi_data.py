@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pr_rlhf.pgenrm.oracle_chain import ChainStyle, oracle_chain
-from pr_rlhf.reward.inputs import RMInput
+from pr_rlhf.reward.inputs import rm_input
 from pr_rlhf.reward.sec import format_sec, sec_compact_prompt, sec_prompt
 from pr_rlhf.world.generator import World, WorldPair
 from pr_rlhf.world.reference import WorldPrior
@@ -42,17 +42,6 @@ class PSIStats:
     @property
     def kept_share(self) -> float:
         return self.kept / self.examples if self.examples else float("nan")
-
-
-def history_triples(history: list[WorldPair]) -> list[dict]:
-    return [{"question": p.question, "chosen": p.chosen, "rejected": p.rejected} for p in history]
-
-
-def rm_input(pair: WorldPair, history: list[WorldPair]) -> RMInput:
-    return RMInput(pair_id=pair.pair_id, user_id=pair.user_id, subset=pair.subset, question=pair.question,
-                   chosen=pair.chosen, rejected=pair.rejected, history=history_triples(history))
-
-
 
 
 def example_histories(train: list[WorldPair], history_size: int, variants: int, seed: int, user_index: int):

@@ -6,17 +6,24 @@ bootstrap CIs, the accuracy on hard-negative pairs, parse failures, and the gain
 *paired over the same pairs* (both evaluations judge each pair in the same seeded slot order), with a 95%
 bootstrap CI: a gain whose CI lies above 0 is a real improvement, not noise between two independent CIs. The
 world's reference accuracies (oracle, per-user logistic regression, no history, true weights) on the same pairs
-come from the run's ``references.json``, and the oracle-normalized score (accuracy - 50) / (oracle - 50) is reported for each row.
+come from the run's ``references.json``, and the oracle-normalized score (accuracy - 50) / (oracle - 50) is
+reported for each row.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pr_rlhf.eval.metrics import accuracy_ci
+from pr_rlhf.files import is_complete
+from pr_rlhf.report_files import new_figure, write_report_files
+from pr_rlhf.stats import paired_difference_ci
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
 
 # (stage, paper's row name, the stage it builds on)
 ROWS: tuple[tuple[str, str, str | None], ...] = (
@@ -58,11 +65,9 @@ def stage_predictions(run_dir: Path, stage: str, group: str, recorded: str) -> s
 def paired_gain(new: dict[str, float], old: dict[str, float], seed: int = 0) -> dict[str, float]:
     """Mean over the shared pairs of (new correct - old correct), with a 95% bootstrap CI over pairs."""
     shared = sorted(set(new) & set(old))
-    diff = np.array([new[p] - old[p] for p in shared])
-    if diff.size == 0:
-        return {"gain": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "pairs": 0}
-    low, high = accuracy_ci(diff, seed=seed)
-    return {"gain": float(diff.mean()), "ci_low": low, "ci_high": high, "pairs": int(diff.size)}
+    gain, low, high = paired_difference_ci(np.array([new[p] for p in shared]), np.array([old[p] for p in shared]),
+                                           seed=seed)
+    return {"gain": gain, "ci_low": low, "ci_high": high, "pairs": len(shared)}
 
 
 def world_references(world, history_size: int = 3) -> dict[str, dict]:
@@ -85,7 +90,7 @@ def collect(run_dir: str | Path, seed: int = 0) -> list[dict]:
     results = {}
     for stage, _, _ in ROWS:
         path = run_dir / stage / "result.json"
-        if (run_dir / stage / "COMPLETE").is_file() and path.is_file():
+        if is_complete(run_dir / stage) and path.is_file():
             results[stage] = json.loads(path.read_text())
     rows = []
     for stage, label, parent in ROWS:
@@ -145,19 +150,15 @@ def markdown(rows: list[dict], refs: dict[str, dict], title: str) -> str:
                 lines.append(f"| world {name} ({group}) | {_cell(est) if 'ci_low' in est else _pct(est['accuracy'])}"
                              f" | | | | | | | | |")
     lines += ["", "Gains are paired over the same held-out pairs (each pair judged in the same slot order by both "
-              "models); a CI above 0 is an improvement beyond noise. Parse failures and ties count as wrong in the accuracy; "
-              "the coin-flip column counts them as half right (an untrained model that never writes a parseable "
-              "chain scores 50% there)."]
+              "models); a CI above 0 is an improvement beyond noise. Parse failures and ties count as wrong in the "
+              "accuracy; the coin-flip column counts them as half right (an untrained model that never writes a "
+              "parseable chain scores 50% there)."]
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict], refs: dict[str, dict], path: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 0.55 * len(rows) + 2), sharey=True)
+def figure(rows: list[dict], refs: dict[str, dict], title: str) -> Figure:
+    fig = new_figure(figsize=(11, 0.55 * len(rows) + 2))
+    axes = fig.subplots(1, 2, sharey=True)
     labels = [r["row"] for r in rows]
     for ax, group in zip(axes, GROUPS):
         acc = np.array([100 * r[group]["accuracy"] for r in rows])
@@ -176,9 +177,7 @@ def plot(rows: list[dict], refs: dict[str, dict], path: Path, title: str) -> Pat
     axes[0].invert_yaxis()
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def write_ablation_report(run_dir: str | Path, title: str = "P-GenRM ablation", seed: int = 0) -> AblationReport:
@@ -190,9 +189,6 @@ def write_ablation_report(run_dir: str | Path, title: str = "P-GenRM ablation", 
         raise FileNotFoundError(f"{run_dir}: no complete P-GenRM stage (base, psi, cre, ...) to report")
     ref_path = run_dir / REFERENCES_FILE
     refs = json.loads(ref_path.read_text()) if ref_path.is_file() else {}
-    md = run_dir / "ablation.md"
-    md.write_text(markdown(rows, refs, title))
-    js = run_dir / "ablation.json"
-    js.write_text(json.dumps({"rows": rows, "references": refs}, indent=1))
-    fig = plot(rows, refs, run_dir / "ablation.png", title)
-    return AblationReport(rows, refs, md, fig, js)
+    files = write_report_files(run_dir, "ablation", markdown=markdown(rows, refs, title),
+                               data={"rows": rows, "references": refs}, figure=figure(rows, refs, title))
+    return AblationReport(rows, refs, files.markdown, files.figure, files.json)

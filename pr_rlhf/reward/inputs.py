@@ -3,7 +3,7 @@
 :class:`RMInput` never carries the rubric, the narrative or the record's meta (PROTOCOLS.md section 1): those are
 the evaluation's ground truth. The three input modes of PROTOCOLS.md section 2 map to :func:`user_block`:
 ``"none"`` shows nothing about the user, ``"profile"`` the top-k retrieved posts (rendered by
-:func:`pr_rlhf.retrieval.render_profile`), ``"plan"`` the planner's aspects as a numbered list.
+:func:`render_profile`), ``"plan"`` the planner's aspects as a numbered list.
 """
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pr_rlhf.prompts import fragment
-from pr_rlhf.retrieval import render_profile
 
 InputMode = Literal["none", "profile", "plan"]
 INPUT_MODES: tuple[str, ...] = ("none", "profile", "plan")
@@ -82,24 +81,27 @@ def rm_inputs_from_rows(pair_rows: Iterable[Any], history_rows_by_user: Mapping[
     out = []
     for row in pair_rows:
         pair_id, user_id, subset = str(_get(row, "pair_id")), str(_get(row, "user_id")), str(_get(row, "subset", ""))
-        history = []
-        for past in _lookup(history_rows_by_user, user_id, subset) or []:
-            if len(history) >= k:
-                break
-            if str(_get(past, "pair_id")) == pair_id:
-                continue
-            history.append({"question": str(_get(past, "question", "")), "chosen": str(_get(past, "chosen", "")),
-                            "rejected": str(_get(past, "rejected", ""))})
+        history = [past for past in _lookup(history_rows_by_user, user_id, subset) or []
+                   if str(_get(past, "pair_id")) != pair_id][:max(k, 0)]
         profile = _lookup(profiles_by_user, user_id, subset)
-        out.append(RMInput(
-            pair_id=pair_id, user_id=user_id, subset=subset, question=str(_get(row, "question", "")),
-            chosen=str(_get(row, "chosen", "")), rejected=str(_get(row, "rejected", "")),
-            context=[dict(turn) for turn in _plain_list(_get(row, "context"))],
-            retrieved=[dict(item) for item in _plain_list(_get(row, "retrieved"))],
-            history=history,
-            stated_preferences=str(_get(profile, "stated_preferences", "") or "") if profile is not None else "",
-        ))
+        out.append(rm_input(row, history, str(_get(profile, "stated_preferences", "") or "")
+                            if profile is not None else ""))
     return out
+
+
+def rm_input(pair: Any, history: Iterable[Any] = (), stated_preferences: str = "") -> RMInput:
+    """The :class:`RMInput` of one pair (a shard row, a record or a :class:`~pr_rlhf.world.generator.WorldPair`),
+    with ``history`` (the user's earlier pairs, of the same kinds, oldest first) as its history triples."""
+    return RMInput(
+        pair_id=str(_get(pair, "pair_id")), user_id=str(_get(pair, "user_id")), subset=str(_get(pair, "subset", "")),
+        question=str(_get(pair, "question", "")), chosen=str(_get(pair, "chosen", "")),
+        rejected=str(_get(pair, "rejected", "")),
+        context=[dict(turn) for turn in _plain_list(_get(pair, "context"))],
+        retrieved=[dict(item) for item in _plain_list(_get(pair, "retrieved"))],
+        history=[{"question": str(_get(past, "question", "")), "chosen": str(_get(past, "chosen", "")),
+                  "rejected": str(_get(past, "rejected", ""))} for past in history],
+        stated_preferences=stated_preferences,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -150,6 +152,13 @@ def conversation_block(inp: RMInput) -> str:
     rendered = "\n".join(fragment("user_blocks", "turn", role=str(t.get("role", "")).capitalize(),
                                   content=t.get("content", "")) for t in turns)
     return fragment("user_blocks", "conversation", turns=rendered)
+
+
+def render_profile(retrieved: Sequence[Mapping[str, Any]], k: int | None = None) -> str:
+    """PRB's prompt block: ``Post i (Category: c):`` then the text on the next line, posts joined by newlines."""
+    shown = list(retrieved)[:k] if k is not None else list(retrieved)
+    return "\n".join(f"Post {i} (Category: {item.get('category', '')}):\n{item.get('text', '')}"
+                     for i, item in enumerate(shown, 1))
 
 
 def profile_block(retrieved: Sequence[Mapping[str, Any]], top_k: int) -> str:

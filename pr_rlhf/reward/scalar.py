@@ -26,7 +26,8 @@ class ScalarRM:
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        from pr_rlhf.models.sources import quiet_hf_loading, resolve_model
+        from pr_rlhf.models.hf_engine import quiet_hf_loading
+        from pr_rlhf.models.sources import resolve_model
 
         self.cfg = cfg
         self.device = torch.device(device)

@@ -7,16 +7,20 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pr_rlhf.configs.recipe import EvalConfig
-from pr_rlhf.eval.metrics import accuracy_ci
-from pr_rlhf.reward.inputs import RMInput, history_rows_by_user, rm_inputs_from_rows
 from pr_rlhf.configs.scaling import ScalingEvalConfig
+from pr_rlhf.report_files import new_figure, write_report_files
+from pr_rlhf.reward.inputs import RMInput, history_rows_by_user, rm_inputs_from_rows
 from pr_rlhf.scaling.scorer import Evidence, decide
 from pr_rlhf.shards import ShardReader
+from pr_rlhf.stats import mean_ci
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
 
 GROUPS = {"seen": ("val+test", "seen"), "cold": ("test", "cold_start")}
 
@@ -72,7 +76,7 @@ def grid_rows(group: str, evidence: Sequence[Evidence], points: Sequence[tuple[i
     for m, n in points:
         decisions = [decide(ev, m, n, self_weight, neighbour_weight) for ev in evidence]
         correct = np.array([d.correct(ev.chosen_slot) for d, ev in zip(decisions, evidence)], dtype=float)
-        low, high = accuracy_ci(correct, n_bootstrap=n_bootstrap, seed=seed)
+        low, high = mean_ci(correct, n_bootstrap=n_bootstrap, seed=seed)
         rows.append(GridRow(group, m, n, float(correct.mean()) if correct.size else float("nan"), low, high,
                             len(evidence), sum(d.predicted is None for d in decisions)))
     return rows
@@ -85,7 +89,6 @@ def _pct(x: float) -> str:
 def write_grid_report(out: Path, rows: Sequence[GridRow], references: dict[str, dict], failures: dict[str, dict],
                       extra: dict[str, Any]) -> tuple[Path, Path]:
     """``scaling_grid.md`` (+ ``.json``) and ``scaling_grid.png``: accuracy per (m, n) and group, oracle lines."""
-    out.mkdir(parents=True, exist_ok=True)
     groups = sorted({r.group for r in rows}, key=list(GROUPS).index)
     lines = ["## Test-time user-based scaling", "",
              ("m = chains sampled per pair (scores averaged over valid parses), n = neighbours' histories through "
@@ -105,24 +108,17 @@ def write_grid_report(out: Path, rows: Sequence[GridRow], references: dict[str, 
     kinds = "; ".join(f"{g}: {json.dumps(failures.get(g, {}))}" for g in groups)
     lines += ["", f"Invalid chains by kind (greedy, sampled and neighbour chains): {kinds}"]
     lines += [f"- {k}: {v}" for k, v in extra.items()]
-    md = out / "scaling_grid.md"
-    md.write_text("\n".join(lines) + "\n")
-    (out / "scaling_grid.json").write_text(json.dumps({"rows": [r.as_dict() for r in rows],
-                                                        "references": references, "failures": failures,
-                                                        **extra}, indent=1))
-    png = out / "scaling_grid.png"
-    _plot(png, rows, groups, references)
-    return md, png
+    files = write_report_files(out, "scaling_grid", markdown="\n".join(lines) + "\n",
+                               data={"rows": [r.as_dict() for r in rows], "references": references,
+                                     "failures": failures, **extra},
+                               figure=_figure(rows, groups, references))
+    return files.markdown, files.figure
 
 
-def _plot(path: Path, rows: Sequence[GridRow], groups: list[str], references: dict[str, dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _figure(rows: Sequence[GridRow], groups: list[str], references: dict[str, dict]) -> Figure:
     points = list(dict.fromkeys((r.m, r.n) for r in rows))
-    fig, ax = plt.subplots(figsize=(1.2 * len(points) + 3, 4))
+    fig = new_figure(figsize=(1.2 * len(points) + 3, 4))
+    ax = fig.subplots()
     width = 0.8 / max(len(groups), 1)
     for gi, g in enumerate(groups):
         rs = [next(x for x in rows if x.group == g and (x.m, x.n) == p) for p in points]
@@ -141,5 +137,4 @@ def _plot(path: Path, rows: Sequence[GridRow], groups: list[str], references: di
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title("Test-time user-based scaling")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig

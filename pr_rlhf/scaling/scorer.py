@@ -25,7 +25,7 @@ from pr_rlhf.scaling.fusion import (
     mean_of,
     verdict,
 )
-from pr_rlhf.scaling.prototypes import embed_personas
+from pr_rlhf.scaling.embedding import embed_personas
 
 
 @dataclass
@@ -71,7 +71,7 @@ def decide(ev: Evidence, m: int, n: int, self_weight: float = 0.5, neighbour_wei
 
 
 class ScaledJudge:
-    """Gathers :class:`Evidence` with one engine. ``index`` (a :class:`~pr_rlhf.scaling.prototypes.PrototypeIndex`)
+    """Gathers :class:`Evidence` with one engine. ``index`` (a :class:`~pr_rlhf.scaling.index.PrototypeIndex`)
     and ``embedder`` are needed only for n > 0; ``histories`` maps a member user id to its history triples."""
 
     def __init__(self, engine: Engine, cfg: ScalingConfig, *, seed: int = 0, fmt: JudgeFormat = "sec_compact",

@@ -52,7 +52,7 @@ class ScoreItem(_Strict):
         return self
 
     def meta(self) -> dict[str, Any]:
-        """The reward request's ``meta`` (what ``workers.reward.rm_input`` reads)."""
+        """The reward request's ``meta`` (what ``pr_rlhf.scorers.request_input`` reads)."""
         meta: dict[str, Any] = {"subset": self.subset, "stated_preferences": self.stated_preferences,
                                 "retrieved": [p.model_dump() for p in self.profile],
                                 "history": [h.model_dump() for h in self.history]}

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from pr_rlhf.world.attributes import CATALOG, detect, draw_plan, gold_utility, render_compact, render_varied
 from pr_rlhf.configs.world import WorldConfig
+from pr_rlhf.world.attributes import CATALOG, detect, draw_plan, gold_utility, render_compact, render_varied
 from pr_rlhf.world.topics import GENERIC_NARRATIVES, SUBSETS, TOPICS, Topic, topics_of
 
 _STREAMS = {"archetypes": 1, "user": 2, "pairs": 3, "text": 4, "profile": 5, "oracle": 6, "bootstrap": 7,
@@ -134,8 +134,9 @@ class World:
         return dict(zip(self.attribute_names, np.asarray(user, dtype=float).tolist()))
 
     # -- reporting -------------------------------------------------------------------------------------------
-    def summary(self, reference: bool = True, history_size: int = 3) -> dict:
-        """Counts per split/subset/hardness, cold-start users and (optionally) the reference accuracies."""
+    def summary(self) -> dict:
+        """Counts per split/subset/hardness and cold-start users (the reference accuracies:
+        :func:`pr_rlhf.world.reference.reference_summary`)."""
         def count(key) -> dict[str, int]:
             out: dict[str, int] = {}
             for p in self.pairs:
@@ -156,15 +157,6 @@ class World:
             "hard_share": n_hard / max(1, len(self.pairs)),
             "profile_posts_mean": float(np.mean([len(u.posts) for u in self.users])) if self.users else 0.0,
         }
-        if reference:
-            from pr_rlhf.world.reference import reference_accuracies  # reference imports this module
-
-            out["reference"] = {k: v.as_dict() for k, v in
-                                reference_accuracies(self, history_size=history_size).items()}
-            if out["cold_start_users"]:
-                out["reference_cold_start"] = {k: v.as_dict() for k, v in
-                                               reference_accuracies(self, history_size=1, users="cold_start",
-                                                                    splits=("test",)).items()}
         return out
 
 

@@ -23,6 +23,7 @@ from typing import Literal
 import numpy as np
 from scipy.special import log_ndtr, ndtr
 
+from pr_rlhf.stats import bootstrap_ci
 from pr_rlhf.world.generator import World, stream
 
 REFERENCES = ("oracle", "logistic_regression", "no_history", "true_weights")
@@ -38,17 +39,6 @@ class Estimate:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def bootstrap_ci(scores: np.ndarray, rng: np.random.Generator, n_boot: int = 2000,
-                 level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap CI of the mean of per-item scores."""
-    scores = np.asarray(scores, dtype=np.float64)
-    if len(scores) == 0:
-        return float("nan"), float("nan")
-    means = scores[rng.integers(len(scores), size=(n_boot, len(scores)))].mean(axis=1)
-    alpha = (1 - level) / 2
-    return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
 
 
 class WorldPrior:
@@ -197,6 +187,17 @@ def reference_accuracies(world: World, history_size: int = 3, *, users: UserGrou
         result[name] = Estimate(float(s.mean()) if len(s) else float("nan"), lo, hi, len(s))
     world._reference_cache[key] = result
     return result
+
+
+def reference_summary(world: World, history_size: int = 3) -> dict[str, dict[str, dict]]:
+    """The reference accuracies a shard manifest reports: ``reference`` (seen users, ``history_size`` history
+    pairs, val + test) and, when the world has cold-start users, ``reference_cold_start`` (one history pair,
+    test)."""
+    out = {"reference": {k: v.as_dict() for k, v in reference_accuracies(world, history_size=history_size).items()}}
+    if any(u.cold_start for u in world.users):
+        out["reference_cold_start"] = {k: v.as_dict() for k, v in reference_accuracies(
+            world, history_size=1, users="cold_start", splits=("test",)).items()}
+    return out
 
 
 def estimate_accuracy(world: World, predictor: str, history_size: int = 3, *, users: UserGroup = "seen",

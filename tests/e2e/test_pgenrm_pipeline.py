@@ -252,7 +252,7 @@ def test_rl_stages_from_the_shipped_genrm_run_resume_and_scale(tmp_path):
     # neighbours); the prototypes it saves load back for the same embedder
     import yaml
 
-    from pr_rlhf.scaling.prototypes import PrototypeIndex
+    from pr_rlhf.scaling.index import PrototypeIndex
 
     world = load_recipe(ROOT / "recipes" / "pgenrm_from_shipped.yaml").pgenrm.world.model_dump(mode="json")
     scaling_recipe = tmp_path / "scaling.yaml"

@@ -8,13 +8,15 @@ import sys
 
 import pytest
 
+from tests.optional import need
+
 from pr_rlhf.configs.bon import BoNConfig
-from pr_rlhf.configs.base import EngineConfig
-from pr_rlhf.configs.reward import RewardConfig
+from pr_rlhf.configs.base import engine_config
+from pr_rlhf.configs.reward import reward_config
 from pr_rlhf.configs.world import WorldConfig
 from tests.ray_fixtures import ray_cluster  # noqa: F401  (a session-wide Ray cluster)
 
-ray = pytest.importorskip("ray")
+ray = need("ray")
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 WORLD = WorldConfig(users=6, cold_start_users=2, history_size=2, val_pairs_per_user=0, test_pairs_per_user=2)
@@ -26,13 +28,13 @@ def test_sweep_pools_once_scores_once_and_resumes(ray_cluster, tmp_path):  # noq
 
     shards = tmp_path / "data"
     ensure_world_shards(shards, WORLD)
-    cfg = BoNConfig(policy=EngineConfig(backend="hf", model="tiny"), shards=str(shards), prompts=3, n=4,
+    cfg = BoNConfig(policy=engine_config(backend="hf", model="tiny"), shards=str(shards), prompts=3, n=4,
                     max_tokens=12, prompts_per_call=2, out=str(tmp_path / "bon"),
-                    reward_models={"gold": RewardConfig(kind="gold", world=WORLD),
-                                   "prior": RewardConfig(kind="world_estimate", estimator="no_history", world=WORLD),
-                                   "listed": RewardConfig(kind="gold", world=WORLD, normalize=True)},
+                    reward_models={"gold": reward_config(kind="gold", world=WORLD),
+                                   "prior": reward_config(kind="world_estimate", estimator="no_history", world=WORLD),
+                                   "listed": reward_config(kind="gold", world=WORLD, normalize=True)},
                     benchmark_accuracy={"listed": 0.5},
-                    downstream=RewardConfig(kind="gold", world=WORLD, normalize=True))
+                    downstream=reward_config(kind="gold", world=WORLD, normalize=True))
     report = BoNSweep(cfg, seed=0, log=lambda _m: None).run()
     pool = sorted((tmp_path / "bon" / "pool").glob("part-*.parquet"))
     assert len(pool) == 2                                        # 3 prompts, 2 per rollout call

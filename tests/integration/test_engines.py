@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from pr_rlhf.configs.recipe import EngineConfig
+from pr_rlhf.configs.recipe import engine_config
 from pr_rlhf.models import Engine, SamplingParams, make_engine
 from pr_rlhf.models.sources import resolve_model
 
@@ -158,9 +158,9 @@ def test_score_continuations_hf_equals_vllm(hf, vllm_engine):
 
 
 def test_make_engine_builds_the_named_backend(model_dir):
-    engine = make_engine(EngineConfig(backend="hf", model=model_dir, max_model_len=MAX_LEN))
+    engine = make_engine(engine_config(backend="hf", model=model_dir, max_model_len=MAX_LEN))
     assert isinstance(engine, Engine) and engine.name == "hf"
     assert engine.generate([PROMPTS[0]], SamplingParams(max_tokens=3))[0].ok
     engine.close()
-    remote = make_engine(EngineConfig(backend="openai", model="tiny", base_url="http://127.0.0.1:9/v1"))
+    remote = make_engine(engine_config(backend="openai", model="tiny", base_url="http://127.0.0.1:9/v1"))
     assert isinstance(remote, Engine) and remote.name == "openai" and remote.model == model_dir

@@ -279,26 +279,26 @@ def test_rubric_judge_and_genrm_as_reward_scorers_over_http(server, model_dir, s
     """The downstream rubric judge (both modes) and the pointwise GenRM as reward scorers on the served model:
     every request gets a score or a named failure (the tiny model writes no grades), nothing raises, a request
     without a rubric never reaches the server."""
-    from pr_rlhf.configs.base import EngineConfig, GenerationConfig
-    from pr_rlhf.configs.reward import RewardConfig
-    from workers.reward import RewardRequest, build_scorer
+    from pr_rlhf.configs.base import GenerationConfig, engine_config
+    from pr_rlhf.configs.reward import reward_config
+    from pr_rlhf.scorers import RewardRequest, build_scorer
 
-    judge = EngineConfig(backend="openai", model=model_dir, base_url=server["url"], api_key_env=KEY_ENV)
+    judge = engine_config(backend="openai", model=model_dir, base_url=server["url"], api_key_env=KEY_ENV)
     rubric = [{"aspect": "Gives a concrete example", "reason": "asks for examples", "evidence": "post 3"},
               {"aspect": "Stays short"}]
     reqs = [RewardRequest("a", "u1", "How do I start a film club?", "Pick a film, invite friends.",
                           {"rubric": rubric, "narrative": "I run a small club."}),
             RewardRequest("b", "u1", "How?", "Anyhow.", {})]
     for mode, sends in (("all", 1), ("per_aspect", 2)):
-        scorer = build_scorer(RewardConfig(kind="rubric", rubric_mode=mode, judge=judge,
-                                           generation=GenerationConfig(max_tokens=12)))
+        scorer = build_scorer(reward_config(kind="rubric", rubric_mode=mode, judge=judge,
+                                            generation=GenerationConfig(max_tokens=12)))
         (score_a, error_a), (score_b, error_b) = scorer.score(reqs)
         assert (score_a is None) != (error_a is None) and (score_a is None or 0.0 <= score_a <= 1.0)
         assert score_b is None and error_b.startswith("no_aspects")
         assert scorer.engine.stats["requests"] == sends       # one call per answer, or per aspect
         scorer.close()
-    genrm = build_scorer(RewardConfig(kind="http", genrm_mode="pointwise", judge=judge,
-                                      generation=GenerationConfig(max_tokens=12)))
+    genrm = build_scorer(reward_config(kind="http", genrm_mode="pointwise", judge=judge,
+                                       generation=GenerationConfig(max_tokens=12)))
     ((score, error),) = genrm.score(reqs[:1])
     assert (score is None) != (error is None)
     genrm.close()

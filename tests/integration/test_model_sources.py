@@ -78,12 +78,15 @@ def test_local_directory_and_refusals(tmp_path, monkeypatch):
     assert resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
 
 
-def test_smollm2_converts_once_and_answers(cache):
+def test_smollm2_converts_once_and_answers(cache, capfd):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(resolve_model("smollm2"))
     assert (path / "model.safetensors").is_file()
+    # the dequantization's progress bar goes to the build log, not to the terminal (an actor's stderr is forwarded)
+    assert "de-quantizing" in path.with_name(f"{path.name}.build.log").read_text()
+    assert "de-quantizing" not in capfd.readouterr().err
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     assert tok.eos_token == "<|im_end|>" and model.config.eos_token_id == tok.eos_token_id
@@ -94,3 +97,21 @@ def test_smollm2_converts_once_and_answers(cache):
         out = model.generate(**batch, max_new_tokens=16, do_sample=False)
     assert "Paris" in tok.decode(out[0, batch["input_ids"].shape[1]:])
     assert resolve_model("smollm2") == str(path)
+
+
+def test_tiny_genrm_corpus_is_registered_by_pgenrm():
+    """The model sources cannot import P-GenRM: importing it registers tiny-genrm's chain corpus, and without it
+    resolving tiny-genrm is a clear error naming the package to import (fresh processes: nothing imported yet)."""
+    from pr_rlhf.models import sources
+
+    resolve = "from pr_rlhf.models.sources import resolve_model; resolve_model('tiny-genrm')"
+    alone = subprocess.run([sys.executable, "-c", resolve], capture_output=True, text=True, timeout=120)
+    assert alone.returncode != 0
+    assert "'tiny-genrm': its tokenizer corpus is not registered; import pr_rlhf.pgenrm" in alone.stderr
+    probe = ("import pr_rlhf.pgenrm; from pr_rlhf.models import sources; "
+             "print(sources._TOKENIZER_CORPORA['tiny-genrm'].__module__)")
+    registered = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert registered.stdout.strip() == "pr_rlhf.pgenrm.tokenizer_corpus", registered.stderr
+    with pytest.raises(ValueError, match="takes no registered tokenizer corpus"):
+        sources.register_tokenizer_corpus("tiny", list)
+    assert sources.registered_corpus("tiny") == []

@@ -11,16 +11,19 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
+
+from tests.optional import need
 from tests.ray_fixtures import ray_cluster  # noqa: F401  (a session-wide Ray cluster)
 
-from pr_rlhf.configs.recipe import EngineConfig, GenerationConfig
+from pr_rlhf.configs.recipe import GenerationConfig, engine_config
 from pr_rlhf.models.base import Generation, Sample
-from pr_rlhf.configs.reward import RewardConfig
+from pr_rlhf.configs.reward import RewardConfig, reward_config
 from pr_rlhf.reward.sec import SEC, Criterion, CriterionScore, format_sec
+from pr_rlhf.scorers import GenRMScorer, GoldScorer, RewardRequest, ScalarScorer
 from pr_rlhf.world import WorldConfig, build_world
-from workers.reward import GenRMScorer, GoldScorer, RewardPool, RewardRequest, ScalarScorer, sticky_index
+from workers.reward import RewardPool, sticky_index
 
-ray = pytest.importorskip("ray")
+ray = need("ray")
 # The test scorers below travel to the workers by value (this module is not importable there).
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -40,7 +43,7 @@ def requests_of(world, limit=None):
 
 
 def gold_cfg(**pool) -> RewardConfig:
-    return RewardConfig(kind="gold", world=WORLD, pool={"workers": 2, "num_cpus": 0.25, "batch_size": 4, **pool})
+    return reward_config(kind="gold", world=WORLD, pool={"workers": 2, "num_cpus": 0.25, "batch_size": 4, **pool})
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -224,9 +227,9 @@ def test_requests_that_keep_failing_get_an_error_and_spare_the_others(ray_cluste
 def test_genrm_pool_on_a_real_engine_counts_parse_failures(ray_cluster):  # noqa: F811
     """The tiny random model writes no valid SEC: every reward is an error of a parser kind, counted, never
     retried and never a made-up score."""
-    cfg = RewardConfig(kind="genrm", judge=EngineConfig(backend="hf", model="tiny", max_model_len=1024),
-                       generation=GenerationConfig(max_tokens=8),
-                       pool={"workers": 1, "num_cpus": 0.5, "batch_size": 4})
+    cfg = reward_config(kind="genrm", judge=engine_config(backend="hf", model="tiny", max_model_len=1024),
+                        generation=GenerationConfig(max_tokens=8),
+                        pool={"workers": 1, "num_cpus": 0.5, "batch_size": 4})
     reqs = [RewardRequest(f"g{i}", "u1", "How do I boil an egg?", f"Answer {i}.", {"reference": "Boil it."})
             for i in range(5)] + [RewardRequest("noref", "u1", "q", "a")]
     with RewardPool(cfg) as pool:
@@ -242,8 +245,8 @@ def test_genrm_pool_on_a_real_engine_counts_parse_failures(ray_cluster):  # noqa
 # ---------------------------------------------------------------------------------------------------------------
 
 def test_gold_normalized_is_the_utility_rescaled_to_the_users_range(world):
-    raw = GoldScorer(RewardConfig(kind="gold", world=WORLD))
-    norm = GoldScorer(RewardConfig(kind="gold", world=WORLD, normalize=True))
+    raw = GoldScorer(reward_config(kind="gold", world=WORLD))
+    norm = GoldScorer(reward_config(kind="gold", world=WORLD, normalize=True))
     reqs = requests_of(world, 16)
     for req, (u, _), (v, _) in zip(reqs, raw.score(reqs), norm.score(reqs)):
         w = world.user_weights(req.user_id).values()
@@ -272,7 +275,7 @@ def sec_text(s1, s2):
 
 
 def test_genrm_sec_reference_rewards_the_final_score_of_response_1():
-    cfg = RewardConfig(kind="genrm")
+    cfg = reward_config(kind="genrm")
     engine = StubEngine(sec_text(7.5, 3.0))
     scorer = GenRMScorer(cfg, engine=engine)
     reqs = [RewardRequest("a", "u", "How?", "My answer.", {"reference": "Ref answer."}),
@@ -284,8 +287,8 @@ def test_genrm_sec_reference_rewards_the_final_score_of_response_1():
 
 
 def test_genrm_pointwise_and_planner_paths():
-    judge = EngineConfig(backend="hf", model="tiny")
-    cfg = RewardConfig(kind="genrm", genrm_mode="pointwise", judge=judge, planner=judge, input_mode="plan")
+    judge = engine_config(backend="hf", model="tiny")
+    cfg = reward_config(kind="genrm", genrm_mode="pointwise", judge=judge, planner=judge, input_mode="plan")
     engine = StubEngine("Fits well.\nScore: 8")
     scorer = GenRMScorer(cfg, engine=engine)
     meta = {"retrieved": [{"id": "p1", "text": "I love bullet lists."}]}
@@ -297,7 +300,7 @@ def test_genrm_pointwise_and_planner_paths():
 
 
 def test_scalar_scorer_scores_deterministically():
-    scorer = ScalarScorer(RewardConfig(kind="scalar", input_mode="profile"))
+    scorer = ScalarScorer(reward_config(kind="scalar", input_mode="profile"))
     meta = {"retrieved": [{"id": "p1", "text": "I love bullet lists."}]}
     reqs = [RewardRequest("a", "u", "How?", "- one\n- two", meta), RewardRequest("b", "u", "How?", "Plain.")]
     first, second = scorer.score(reqs), scorer.score(reqs[::-1])[::-1]
@@ -307,15 +310,15 @@ def test_scalar_scorer_scores_deterministically():
 
 def test_reward_config_validation_and_light_import():
     with pytest.raises(ValueError, match="http"):
-        RewardConfig(kind="http")
-    assert RewardConfig(kind="http", judge=EngineConfig(backend="openai", model="judge")).kind == "http"
+        reward_config(kind="http")
+    assert reward_config(kind="http", judge=engine_config(backend="openai", model="judge")).kind == "http"
     with pytest.raises(ValueError, match="planner"):
-        RewardConfig(kind="genrm", input_mode="plan")
+        reward_config(kind="genrm", input_mode="plan")
     with pytest.raises(ValueError, match="input_mode"):
-        RewardConfig(kind="genrm", planner=EngineConfig())
+        reward_config(kind="genrm", planner=engine_config())
     with pytest.raises(ValueError):
-        RewardConfig(kind="gold", pool={"workers": 0})
-    code = ("import sys, pr_rlhf.configs.recipe, pr_rlhf.configs.reward as c; c.RewardConfig(kind='gold'); "
+        reward_config(kind="gold", pool={"workers": 0})
+    code = ("import sys, pr_rlhf.configs.recipe, pr_rlhf.configs.reward as c; c.reward_config(kind='gold'); "
             "assert not {'torch', 'ray', 'numpy'} & set(sys.modules), sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
@@ -323,7 +326,7 @@ def test_reward_config_validation_and_light_import():
 def test_reward_config_imports_on_its_own():
     """Ray workers unpickle a RewardConfig by importing its module first: that must work without pr_rlhf.configs.recipe
     having been imported before (a circular import at pr_rlhf.configs.recipe's end breaks exactly this)."""
-    code = "import pr_rlhf.configs.reward as c; c.RewardConfig(kind='gold')"
+    code = "import pr_rlhf.configs.reward as c; c.reward_config(kind='gold')"
     proc = subprocess.run([sys.executable, "-c", code], check=False, cwd=Path(__file__).resolve().parents[2],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-1500:]

@@ -17,16 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from pr_rlhf.configs.base import EngineConfig
-from pr_rlhf.configs.reward import RewardConfig
+from tests.optional import need
+
+from pr_rlhf.configs.base import engine_config
+from pr_rlhf.configs.reward import reward_config
 from pr_rlhf.configs.serve import ServeConfig
 from pr_rlhf.world import WorldConfig, build_world
 from tests.cli_subprocess import kill_session
 from tests.ray_fixtures import ray_cluster  # noqa: F401  (a session-wide Ray cluster)
 
-ray = pytest.importorskip("ray")
-httpx = pytest.importorskip("httpx")
-serve = pytest.importorskip("ray.serve")
+ray = need("ray")
+httpx = need("httpx")
+serve = need("ray.serve")
 
 ROOT = Path(__file__).resolve().parents[2]
 WORLD = WorldConfig(users=6, cold_start_users=0, history_size=2, val_pairs_per_user=0, test_pairs_per_user=2)
@@ -45,14 +47,14 @@ def service(ray_cluster):  # noqa: F811
     from workers.reward_service import deploy
 
     port = free_port()
-    gold = ServeConfig(reward=RewardConfig(kind="gold", world=WORLD), port=port, name="gold", route_prefix="/gold",
+    gold = ServeConfig(reward=reward_config(kind="gold", world=WORLD), port=port, name="gold", route_prefix="/gold",
                        replicas=2, num_cpus=0.25)
     base = deploy(gold)
-    deploy(ServeConfig(reward=RewardConfig(kind="scalar"), port=port, name="scalar", route_prefix="/scalar",
+    deploy(ServeConfig(reward=reward_config(kind="scalar"), port=port, name="scalar", route_prefix="/scalar",
                        num_cpus=0.25, max_batch_size=16, batch_wait_timeout_s=0.05))
-    dead = EngineConfig(backend="openai", model="judge", base_url=f"http://127.0.0.1:{free_port()}/v1",
-                        max_retries=0, timeout_s=2.0)
-    deploy(ServeConfig(reward=RewardConfig(kind="http", genrm_mode="pointwise", judge=dead), port=port, name="dead",
+    dead = engine_config(backend="openai", model="judge", base_url=f"http://127.0.0.1:{free_port()}/v1",
+                         max_retries=0, timeout_s=2.0)
+    deploy(ServeConfig(reward=reward_config(kind="http", genrm_mode="pointwise", judge=dead), port=port, name="dead",
                        route_prefix="/dead", num_cpus=0.25, request_timeout_s=30))
     root = base.rsplit("/", 1)[0]
     yield {"root": root, "world": build_world(WORLD)}
@@ -108,7 +110,7 @@ def test_openrlhf_remote_rm_shape(service):
 
 def test_verl_reward_function_through_verl_reward_manager(service, monkeypatch):
     """verl's NaiveRewardManager decodes a batch and calls our compute_score per response, as in training."""
-    verl_naive = pytest.importorskip("verl.workers.reward_manager.naive")
+    verl_naive = need("verl.workers.reward_manager.naive")
     import numpy as np
     import torch
     from transformers import AutoTokenizer
@@ -205,7 +207,7 @@ def test_killed_replica_is_replaced_and_no_score_is_wrong_or_lost(service):
 
 def test_planner_runs_once_per_distinct_prompt_in_a_batch():
     from pr_rlhf.models.base import Generation, Sample
-    from workers.reward import GenRMScorer, RewardRequest
+    from pr_rlhf.scorers import GenRMScorer, RewardRequest
 
     class Stub:
         name = "stub"
@@ -218,10 +220,10 @@ def test_planner_runs_once_per_distinct_prompt_in_a_batch():
             return [Generation(samples=[Sample(text="1. lists\n2. examples" if "Aspects this user expects"
                                                in p[-1]["content"] else "Score: 7")]) for p in prompts]
 
-    judge = EngineConfig(backend="hf", model="tiny")
+    judge = engine_config(backend="hf", model="tiny")
     engine = Stub()
-    scorer = GenRMScorer(RewardConfig(kind="genrm", genrm_mode="pointwise", judge=judge, planner=judge,
-                                      input_mode="plan"), engine=engine)
+    scorer = GenRMScorer(reward_config(kind="genrm", genrm_mode="pointwise", judge=judge, planner=judge,
+                                       input_mode="plan"), engine=engine)
     meta = {"retrieved": [{"id": "p1", "text": "I love lists."}]}
     reqs = [RewardRequest(str(i), "u", "How?", f"answer {i}", meta) for i in range(4)]
     reqs.append(RewardRequest("given", "u", "How?", "x", {**meta, "plan": ["brevity"]}))

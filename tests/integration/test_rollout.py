@@ -4,14 +4,16 @@ that of an HF model loaded from those weights on disk."""
 import shutil
 
 import pytest
+
+from tests.optional import need
 from tests.ray_fixtures import ray_cluster  # noqa: F401  (a session-wide Ray cluster)
 
-from pr_rlhf.configs.recipe import EngineConfig
+from pr_rlhf.configs.recipe import EngineConfig, engine_config
 from pr_rlhf.models import SamplingParams
 from pr_rlhf.models.sources import resolve_model
 from workers.rollout import RolloutWorker, spawn_rollout_worker
 
-ray = pytest.importorskip("ray")
+ray = need("ray")
 
 MAX_LEN = 512
 PROMPTS = [
@@ -23,7 +25,7 @@ GREEDY = SamplingParams(max_tokens=24, logprobs=True)
 
 
 def engine_cfg(backend: str, model: str = "tiny") -> EngineConfig:
-    return EngineConfig(backend=backend, model=model, dtype="float32", max_model_len=MAX_LEN, seed=0)
+    return engine_config(backend=backend, model=model, dtype="float32", max_model_len=MAX_LEN, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +109,7 @@ def test_load_weights_then_greedy_equals_hf_holding_those_weights(rollouts, pert
 
 def test_rollout_worker_rejects_http_backend():
     with pytest.raises(ValueError, match="local engine"):
-        RolloutWorker(EngineConfig(backend="openai", model="x"))
+        RolloutWorker(engine_config(backend="openai", model="x"))
 
 
 def test_hf_load_weights_rejects_a_state_dict_of_another_model(perturbed):

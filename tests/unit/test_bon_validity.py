@@ -10,11 +10,11 @@ import pytest
 from pr_rlhf.configs.bon import BoNConfig
 from pr_rlhf.bon.correlation import correlation_report, load_bon, write_correlation_report
 from pr_rlhf.models.base import Generation, Sample
-from pr_rlhf.configs.reward import RewardConfig
+from pr_rlhf.configs.reward import reward_config
+from pr_rlhf.scorers import GenRMScorer, RewardRequest, WorldEstimateScorer
 from pr_rlhf.world import WorldConfig, build_world
 from pr_rlhf.world.reference import REFERENCES, estimate_accuracy, estimated_weights, reference_accuracies
 from workers.bon import read_accuracy
-from workers.reward import GenRMScorer, RewardRequest, WorldEstimateScorer
 
 WORLD = WorldConfig(rendering="compact", n_attributes=3, n_archetypes=3, max_differing_attributes=2, users=30,
                     cold_start_users=6, reference_samples=600)
@@ -40,7 +40,7 @@ def scorer_accuracy(scorer, world, users="seen") -> float:
 
 @pytest.mark.parametrize("estimator", REFERENCES)
 def test_world_estimate_scorer_reaches_its_computed_benchmark_accuracy(world, estimator):
-    scorer = WorldEstimateScorer(RewardConfig(kind="world_estimate", estimator=estimator, world=WORLD))
+    scorer = WorldEstimateScorer(reward_config(kind="world_estimate", estimator=estimator, world=WORLD))
     for users in ("seen", "cold_start"):
         measured = scorer_accuracy(scorer, world, users)
         assert measured == pytest.approx(estimate_accuracy(world, estimator, 3, users=users).accuracy)
@@ -60,7 +60,7 @@ def test_estimates_are_ordered_by_knowledge(world):
 
 
 def test_world_estimate_unknown_user_is_an_error_not_a_score():
-    scorer = WorldEstimateScorer(RewardConfig(kind="world_estimate", world=WORLD))
+    scorer = WorldEstimateScorer(reward_config(kind="world_estimate", world=WORLD))
     assert scorer.score([RewardRequest("x", "nobody", "Q?", "A.")])[0][0] is None
 
 
@@ -80,7 +80,7 @@ class CapturingEngine:
 
 def test_world_compact_view_shows_the_measured_attributes():
     engine = CapturingEngine()
-    cfg = RewardConfig(kind="genrm", sec_format="sec_compact", response_view="world_compact", world=WORLD)
+    cfg = reward_config(kind="genrm", sec_format="sec_compact", response_view="world_compact", world=WORLD)
     answer = "Great idea! For example:\n- pick a film\n- invite friends"
     scores = GenRMScorer(cfg, engine=engine).score(
         [RewardRequest("a", "u", "How?", answer, {"reference": "Just do it."})])
@@ -98,7 +98,7 @@ def test_benchmark_accuracy_from_numbers_or_result_files(tmp_path):
         read_accuracy(f"{result}:cold")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         read_accuracy(f"{tmp_path}/missing.json:seen")
-    rms = {"a": RewardConfig(kind="gold")}
+    rms = {"a": reward_config(kind="gold")}
     with pytest.raises(ValueError, match="benchmark_accuracy.a"):
         BoNConfig(reward_models=rms, benchmark_accuracy={"a": 1.5})
     with pytest.raises(ValueError, match="neither a number"):

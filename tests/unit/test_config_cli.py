@@ -74,3 +74,13 @@ def test_single_update_means_one_epoch_over_one_mini_batch():
     assert LearnerConfig(mini_batch_size=64).single_update(64)
     assert not LearnerConfig(mini_batch_size=16).single_update(64)
     assert not LearnerConfig(ppo_epochs=2).single_update(8)
+
+
+def test_cli_errors_name_the_recipes_own_path(tmp_path):
+    """A union member's error is reported at the recipe's path (reward.judge.concurrency), not pydantic's tagged
+    location (reward.genrm.judge.vllm.concurrency)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("reward: {kind: genrm, judge: {backend: vllm, concurrency: 3}}\n")
+    res = subprocess.run(CLI + ["check", str(bad)], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 2 and "bad.yaml: invalid recipe" in res.stderr
+    assert "field reward.judge.concurrency:" in res.stderr and "genrm" not in res.stderr

@@ -8,7 +8,6 @@ import pytest
 
 from pr_rlhf.eval.metrics import (
     Prediction,
-    accuracy_ci,
     flatten_summary,
     summarize,
     summarize_groups,
@@ -22,6 +21,7 @@ from pr_rlhf.eval.report import (
     read_predictions,
     write_report,
 )
+from pr_rlhf.stats import mean_ci
 
 
 def pw(pair, chosen_slot, predicted, *, user="u0", subset="S", inputs="none", order=0, **kw):
@@ -202,77 +202,14 @@ def test_both_order_consistency_and_pair_accuracy():
     assert not single["both_orders"] and single["consistency_rate"] is None
 
 
-def test_cluster_bootstrap_resamples_pairs_with_both_verdicts():
-    rng = np.random.default_rng(1)
-    pair_right = rng.random(400) < 0.7
-    correct = np.repeat(pair_right, 2).astype(float)           # both verdicts of a pair agree: fully correlated
-    clusters = np.repeat(np.arange(400), 2)
-    naive = accuracy_ci(correct, n_bootstrap=2000, seed=0)
-    clustered = accuracy_ci(correct, n_bootstrap=2000, seed=0, clusters=clusters)
-    per_pair = accuracy_ci(pair_right.astype(float), n_bootstrap=2000, seed=0)
-    w = lambda ci: ci[1] - ci[0]
-    # treating 800 correlated verdicts as independent understates the width by ~sqrt(2)
-    assert w(clustered) > 1.25 * w(naive)
-    # resampling pairs with both their verdicts == resampling the 400 pair outcomes (same stream, same stat)
-    assert clustered == pytest.approx(per_pair)
-    # singleton clusters are exactly the plain bootstrap
-    assert accuracy_ci(correct, 500, 3, clusters=list(range(800))) == accuracy_ci(correct, 500, 3)
-
-
 def test_summarize_uses_the_cluster_bootstrap():
     rng = np.random.default_rng(2)
     patterns = ["cc" if r else "ww" for r in rng.random(300) < 0.6]
     s = summarize(both_order_preds(patterns), n_bootstrap=1000, seed=5)
     correct = np.array([c == "c" for pat in patterns for c in pat], dtype=float)
-    naive = accuracy_ci(correct, 1000, 5)
+    naive = mean_ci(correct, 1000, 5)
     assert s["n_pairs"] == 300 and s["n"] == 600
     assert (s["ci_high"] - s["ci_low"]) > 1.25 * (naive[1] - naive[0])
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# CI behaviour
-# ---------------------------------------------------------------------------------------------------------------
-
-def test_ci_contains_point_estimate_and_narrows_with_n():
-    rng = np.random.default_rng(0)
-    widths = []
-    for n in (50, 500, 5000):
-        correct = (rng.random(n) < 0.7).astype(float)
-        lo, hi = accuracy_ci(correct, n_bootstrap=1000, seed=0)
-        assert lo <= correct.mean() <= hi
-        widths.append(hi - lo)
-    assert widths[0] > widths[1] > widths[2]
-    assert widths[0] > 2.5 * widths[1]                # ~sqrt(10)
-
-
-def test_ci_edge_cases():
-    assert all(np.isnan(accuracy_ci(np.array([]), 100, 0)))
-    assert accuracy_ci(np.ones(20), 100, 0) == (1.0, 1.0)
-    assert accuracy_ci(np.zeros(20), 100, 0) == (0.0, 0.0)
-    with pytest.raises(ValueError):
-        accuracy_ci(np.ones(3), 10, 0, clusters=[1, 2])
-
-
-def test_ci_coverage_is_about_95_percent():
-    """Calibration: over many simulated evaluations the 95% CI covers the true accuracy ~95% of the time, and
-    for both-order verdicts only the cluster bootstrap does."""
-    rng = np.random.default_rng(123)
-    reps, n_pairs, p = 300, 150, 0.7
-    cover_plain = cover_cluster = cover_naive = 0
-    for r in range(reps):
-        x = (rng.random(n_pairs) < p).astype(float)
-        lo, hi = accuracy_ci(x, 400, r)
-        cover_plain += lo <= p <= hi
-        # both orders: the second verdict copies the first 80% of the time, else is an independent draw
-        second = np.where(rng.random(n_pairs) < 0.8, x, (rng.random(n_pairs) < p).astype(float))
-        both = np.stack([x, second], axis=1).ravel()
-        lo, hi = accuracy_ci(both, 400, r, clusters=np.repeat(np.arange(n_pairs), 2))
-        cover_cluster += lo <= p <= hi
-        lo, hi = accuracy_ci(both, 400, r)
-        cover_naive += lo <= p <= hi
-    assert 0.89 <= cover_plain / reps <= 0.99
-    assert 0.89 <= cover_cluster / reps <= 0.99
-    assert cover_naive / reps < cover_cluster / reps
 
 
 def test_deterministic_and_order_independent():
@@ -286,7 +223,7 @@ def test_deterministic_and_order_independent():
     assert a == b
     c = summarize(preds, n_bootstrap=500, seed=12)
     assert c["accuracy"] == a["accuracy"] and (c["ci_low"], c["ci_high"]) != (a["ci_low"], a["ci_high"])
-    assert accuracy_ci(np.array([1, 0, 1, 1.0]), 100, 7) == accuracy_ci(np.array([1, 0, 1, 1.0]), 100, 7)
+    assert mean_ci(np.array([1, 0, 1, 1.0]), 100, 7) == mean_ci(np.array([1, 0, 1, 1.0]), 100, 7)
 
 
 def test_summarize_groups_order_and_equivalence():

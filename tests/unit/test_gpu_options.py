@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pr_rlhf.configs.learner import LearnerConfig
-from workers.learner import pick_attn_implementation
+from pr_rlhf.rl.modeling import pick_attn_implementation
 
 
 def test_attention_kernel_choice(monkeypatch):

@@ -3,8 +3,9 @@ import pytest
 import torch
 
 from pr_rlhf.configs.learner import LearnerConfig
+from pr_rlhf.rl.batches import collate
 from pr_rlhf.rl.packing import pack_shared_prefix, shared_prompt_groups
-from workers.learner import LearnerWorker, collate
+from workers.learner import LearnerWorker
 
 
 def grouped_batch(seed: int = 1) -> dict:

@@ -28,9 +28,9 @@ from pr_rlhf.retrieval import (
     copy_retrieved_to_pairs,
     rank_profile,
     ranking_order,
-    render_profile,
     retrieve_for_queries,
 )
+from pr_rlhf.reward.inputs import render_profile
 
 PROFILE = [
     {"id": "p0", "text": "My favourite anime this season is a slow mecha drama.", "category": "anime"},

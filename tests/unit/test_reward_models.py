@@ -265,10 +265,10 @@ def test_planner_parses_and_attaches_aspects():
 
 @pytest.fixture(scope="module")
 def tiny_engine():
-    from pr_rlhf.configs.recipe import EngineConfig
+    from pr_rlhf.configs.recipe import engine_config
     from pr_rlhf.models import make_engine
 
-    engine = make_engine(EngineConfig(backend="hf", model="tiny", max_model_len=2048))
+    engine = make_engine(engine_config(backend="hf", model="tiny", max_model_len=2048))
     yield engine
     engine.close()
 

@@ -142,8 +142,8 @@ def test_scaling_eval_config_validation():
 def test_reward_worker_scorer_scales_the_genrm_reward():
     """A reward worker's GenRM scorer with a scaling config: the response's reward is its mean response_1 score
     over the m chains (one n=m request), and with neighbours the fused score; failures become errors, not 0."""
-    from pr_rlhf.configs.reward import RewardConfig
-    from workers.reward import GenRMScorer, RewardRequest
+    from pr_rlhf.configs.reward import reward_config
+    from pr_rlhf.scorers import GenRMScorer, RewardRequest
 
     class Scripted(FakeEngine):
         def generate(self, prompts, params):
@@ -153,7 +153,7 @@ def test_reward_worker_scorer_scales_the_genrm_reward():
             return [gen(chain(9, 1), "broken", chain(6, 4)) for _ in prompts]
 
     engine = Scripted()
-    cfg = RewardConfig(kind="genrm", sec_format="sec_compact", scaling=ScalingConfig(m=3))
+    cfg = reward_config(kind="genrm", sec_format="sec_compact", scaling=ScalingConfig(m=3))
     scorer = GenRMScorer(cfg, engine=engine)
     reqs = [RewardRequest(f"r{i}", "u1", "q", "an answer", meta={"reference": "a reference",
                                                                    "history": [triple("plain")]}) for i in range(2)]
@@ -169,6 +169,6 @@ def test_reward_worker_scorer_scales_the_genrm_reward():
                                  histories={"u2": [triple("likes-one")], "u3": [triple("likes-one")]})
     assert scorer.score(reqs[:1]) == [(5.0, None)]                   # own 1 (history says nothing), neighbours 9
     with pytest.raises(ValueError, match="prototypes.path"):
-        RewardConfig(kind="genrm", scaling=ScalingConfig(m=2, n=2))
+        reward_config(kind="genrm", scaling=ScalingConfig(m=2, n=2))
     with pytest.raises(ValueError, match="sec_reference"):
-        RewardConfig(kind="genrm", genrm_mode="pointwise", scaling=ScalingConfig(m=2))
+        reward_config(kind="genrm", genrm_mode="pointwise", scaling=ScalingConfig(m=2))

@@ -1,5 +1,6 @@
-"""pr_rlhf.scaling.prototypes: K-means, neighbour lookup, artifacts and prototype refinement, on synthetic data with
-a hashing bag-of-words embedder (no MiniLM, no network; every test runs in about a second)."""
+"""The user prototypes (pr_rlhf.scaling: embedding, kmeans, refine, index, build): K-means, neighbour lookup,
+artifacts and prototype refinement, on synthetic data with a hashing bag-of-words embedder (no MiniLM, no
+network)."""
 from __future__ import annotations
 
 import hashlib
@@ -11,23 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from pr_rlhf.scaling.prototypes import (
-    FORMAT_VERSION,
-    MANIFEST_FILE,
-    TENSORS_FILE,
-    PrototypeIndex,
-    PrototypeRefiner,
-    RefineBatch,
-    RefineConfig,
-    UserHistory,
-    build_index,
-    embed_personas,
-    embedder_name,
-    evaluate_refiner,
-    explained_variance,
-    kmeans,
-    refine,
-)
+from pr_rlhf.configs.scaling import RefineConfig
+from pr_rlhf.scaling.build import build_index
+from pr_rlhf.scaling.embedding import embed_personas, embedder_name
+from pr_rlhf.scaling.index import FORMAT_VERSION, MANIFEST_FILE, TENSORS_FILE, PrototypeIndex
+from pr_rlhf.scaling.kmeans import explained_variance, kmeans
+from pr_rlhf.scaling.refine import PrototypeRefiner, RefineBatch, UserHistory, evaluate_refiner, refine
 
 
 class HashingEmbedder:
@@ -195,7 +185,8 @@ def small_index(refined: bool = True) -> tuple[PrototypeIndex, list[str], list[s
     rng = np.random.default_rng(1)
     histories = [UserHistory(uid, rng.normal(size=(4, 64)), rng.normal(size=(4, 64)), rng.normal(size=(4, 64)))
                  for uid in ids[::2]]
-    kwargs = {"histories": histories, "refine_cfg": RefineConfig(steps=3, batch_size=8)} if refined else {}
+    kwargs = {"histories": histories, "refine_cfg": RefineConfig(steps=3, batch_size=8, centroid_coef=0.1)} \
+        if refined else {}
     index = build_index(ids, texts, HashingEmbedder(), k=3, seed=0, fingerprint="abc123", **kwargs)
     return index, ids, topics
 
@@ -339,7 +330,7 @@ def test_pairwise_loss_decreases_on_preference_data():
     users, labels, centroids = preference_world()
     refiner = PrototypeRefiner(8, 3, centroids, seed=0)
     before = evaluate_refiner(refiner, users, labels)
-    metrics = refine(refiner, users, labels, RefineConfig(steps=60, lr=0.05, batch_size=32))
+    metrics = refine(refiner, users, labels, RefineConfig(steps=60, lr=0.05, batch_size=32, centroid_coef=0.1))
     after = evaluate_refiner(refiner, users, labels)
     assert before["examples"] == after["examples"] == 24 * 5
     assert after["pairwise"] < 0.5 * before["pairwise"]

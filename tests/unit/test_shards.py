@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from pr_rlhf.records import History, Pair, Profile, Query, Rubric, TABLES
+from pr_rlhf.records import TABLES, History, Pair, Profile, Query, Rubric
 from pr_rlhf.shards import ShardConfig, ShardError, ShardReader, hf_data_files, write_shards
 
 
@@ -42,7 +42,9 @@ def test_round_trip_every_table(tmp_path):
     for table, records in tables.items():
         rows = list(reader.iter_rows(table))
         expected = [r.__dict__ for r in records]
-        key = lambda r: json.dumps(r, sort_keys=True)  # shards are grouped by split: compare as multisets
+        def key(r):   # shards are grouped by split: compare as multisets
+            return json.dumps(r, sort_keys=True)
+
         assert sorted(map(key, rows)) == sorted(map(key, expected)), table
         assert reader.count(table) == len(records) == manifest["totals"][table]
     assert manifest["counts"]["pairs"] == {"test": {"A": 4}, "train": {"A": 8}, "val": {"A": 8}}

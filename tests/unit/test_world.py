@@ -13,6 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from data_pipelines import synthetic
+from pr_rlhf.configs.world import CATALOG_ORDER, NOT_COMPACT
 from pr_rlhf.records import History, Pair, Profile, Query, Rubric, record_key, to_row
 from pr_rlhf.world import WorldConfig, build_world
 from pr_rlhf.world.attributes import (
@@ -25,7 +26,6 @@ from pr_rlhf.world.attributes import (
     render_compact,
     render_varied,
 )
-from pr_rlhf.configs.world import CATALOG_ORDER, NOT_COMPACT
 from pr_rlhf.world.topics import GENERIC_ADVICE, SUBSETS, TOPICS
 
 ALL_VARIED = CATALOG_ORDER
@@ -373,7 +373,8 @@ def test_rendering_changes_text_not_ground_truth(small_config):
 
 
 def test_summary(world):
-    s = world.summary(reference=False)
+    s = world.summary()
+    assert "reference" not in s   # the synthetic source adds those (pr_rlhf.world.reference.reference_summary)
     assert s["pairs"] == len(world.pairs) == sum(s["pairs_per_split"].values()) == sum(
         s["pairs_per_subset"].values())
     assert set(s["pairs_per_subset"]) == set(SUBSETS)

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from scipy.special import ndtr
 
+from pr_rlhf.stats import bootstrap_ci
 from pr_rlhf.world import WorldConfig, build_world
-from pr_rlhf.world.reference import WorldPrior, bootstrap_ci, reference_accuracies, reference_scores
+from pr_rlhf.world.reference import WorldPrior, reference_accuracies, reference_scores, reference_summary
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def test_oracle_beats_weaker_references(scores):
     for weaker, margin in (("logistic_regression", 0.05), ("no_history", 0.1)):
         diff = oracle - scores[weaker]
         assert diff.mean() >= margin, weaker
-        lo, _ = bootstrap_ci(diff, np.random.default_rng(0))
+        lo, _ = bootstrap_ci(diff, np.random.default_rng(0), 2000)
         assert lo > 0, weaker
     # The true weights are the ceiling: the oracle cannot beat them beyond sampling noise.
     assert oracle.mean() <= scores["true_weights"].mean() + 0.01
@@ -85,6 +86,6 @@ def test_cold_start_reference(world):
 
 
 def test_summary_reports_references(world):
-    s = world.summary()
+    s = reference_summary(world)
     assert set(s["reference"]) == {"oracle", "logistic_regression", "no_history", "true_weights"}
     assert s["reference"]["oracle"] == reference_accuracies(world, history_size=3)["oracle"].as_dict()

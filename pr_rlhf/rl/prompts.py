@@ -1,0 +1,103 @@
+"""The prompts an RL run trains and evaluates on, read from the shards; the seeded order it visits them in; the
+token ids of a supervised (prompt, target) example.
+
+Pure (no Ray, no torch): the controller, the P-GenRM stages, the Best-of-N sweep and the benchmarks load and order
+prompts the same way, and a resumed run finds the same prompts at the same data position.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+
+from pr_rlhf.configs.rl import RLConfig, RLDataConfig
+from pr_rlhf.models.prompting import encode_continuation, encode_prompt
+from pr_rlhf.reward.inputs import policy_messages
+from pr_rlhf.shards import ShardReader
+
+T = TypeVar("T")
+SFTExample = tuple[list[int], list[int]]   # (prompt token ids, target token ids ending in EOS)
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    prompt_id: str
+    user_id: str
+    subset: str
+    question: str
+    messages: list
+
+
+def query_plans(reader: ShardReader, data: RLDataConfig) -> dict[str, list[str]]:
+    """query id -> the aspects the policy is shown (``data.plan``: none, or the shards' rubrics)."""
+    if data.plan == "none":
+        return {}
+    plans = {r["query_id"]: [a["aspect"] for a in r["aspects"]] for r in reader.iter_rows("rubrics")}
+    if not plans:
+        raise ValueError(f"{data.shards}: train.data.plan='rubrics' but the shards hold no rubrics")
+    return plans
+
+
+def make_item(row: dict, data: RLDataConfig, plans: dict[str, list[str]]) -> PromptItem:
+    """The policy prompt of a query (or pair) row: its question, ``data.profile_top_k`` retrieved posts, its plan."""
+    if data.plan != "none" and row["query_id"] not in plans:
+        raise ValueError(f"{data.shards}: query {row['query_id']!r} has no rubric (train.data.plan='rubrics')")
+    return PromptItem(row["query_id"], row["user_id"], row["subset"], row["question"],
+                      policy_messages(row["question"], row["retrieved"], data.profile_top_k,
+                                      plans.get(row["query_id"])))
+
+
+def load_prompts(cfg: RLConfig) -> tuple[list[PromptItem], list[PromptItem]]:
+    """Training prompts (queries of seen users) and held-out prompts (cold-start users, or the test split)."""
+    reader = ShardReader(cfg.data.shards)
+    cold = {(r["user_id"], r["subset"]) for r in reader.iter_rows("profiles") if r["cold_start"]}
+    plans = query_plans(reader, cfg.data)
+
+    def items(rows: Iterable[dict[str, Any]]) -> list[PromptItem]:
+        return [make_item(r, cfg.data, plans) for r in rows]
+
+    train = items(r for r in reader.iter_rows("queries", cfg.data.train_split)
+                  if (r["user_id"], r["subset"]) not in cold)
+    if cfg.data.heldout == "cold_start" and cold:
+        held = items(r for r in reader.iter_rows("queries") if (r["user_id"], r["subset"]) in cold)
+    else:
+        held = items(reader.iter_rows("queries", "test"))
+    if not train or not held:
+        raise ValueError(f"{cfg.data.shards}: {len(train)} training and {len(held)} held-out prompts; need both")
+    held = [held[i] for i in np.random.default_rng(0).permutation(len(held))[:cfg.data.heldout_prompts]]
+    return train, held
+
+
+def load_warmup_answers(cfg: RLConfig) -> list[tuple[PromptItem, str]]:
+    """(prompt, answer) pairs from the training users' pairs: both answers of each pair, so a warm start learns
+    what answers look like without learning whom they suit."""
+    reader = ShardReader(cfg.data.shards)
+    plans = query_plans(reader, cfg.data)
+    out = []
+    for r in reader.iter_rows("pairs", cfg.data.train_split):
+        item = make_item(r, cfg.data, plans)
+        out += [(item, r["chosen"]), (item, r["rejected"])]
+    return out
+
+
+def sft_example(tokenizer: Any, messages: list, target: str, max_target_tokens: int | None = None) -> SFTExample:
+    """A supervised example: the chat prompt's token ids, and the target's (at most ``max_target_tokens``) + EOS."""
+    return (encode_prompt(tokenizer, messages),
+            encode_continuation(tokenizer, target)[:max_target_tokens] + [tokenizer.eos_token_id])
+
+
+def prompt_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The order ``epoch`` visits ``n`` prompts in (each epoch reshuffles with its own seed)."""
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def batch_at(items: Sequence[T], position: int, count: int, seed: int) -> list[T]:
+    """``count`` items starting at global data ``position`` (epochs reshuffle with their own seed)."""
+    out = []
+    n = len(items)
+    for pos in range(position, position + count):
+        epoch, offset = divmod(pos, n)
+        out.append(items[prompt_order(n, seed, epoch)[offset]])
+    return out

@@ -1,0 +1,133 @@
+"""``LearnerGroup``: ``world_size`` ``LearnerWorker`` actors in one placement group, driven together (driver side).
+
+It wires ``MASTER_ADDR`` / ``MASTER_PORT`` / ``RANK`` / ``WORLD_SIZE`` and fans every call out to the ranks:
+inference calls split the batch into contiguous per-rank chunks and concatenate the results in order; updates
+split each global mini-batch (``mini_batch_size`` samples, in batch order) across the ranks, so a step sees the
+same samples whatever the world size (``pr_rlhf.rl.batches``). Needs ``ray.init()`` first.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from pr_rlhf.configs.learner import LearnerConfig
+from pr_rlhf.rl.batches import collate, contiguous_shares, mini_batch_shares
+from workers.learner.worker import LearnerWorker
+from workers.ray_utils import release_bundles, reserve_bundles
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Self
+
+
+class LearnerGroup:
+    """``world_size`` ``LearnerWorker`` actors in one placement group, driven together."""
+
+    def __init__(self, config: LearnerConfig | Mapping[str, Any], *, name: str | None = None,
+                 ready_timeout_s: float = 300.0, runtime_env: dict[str, Any] | None = None) -> None:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.config = config if isinstance(config, LearnerConfig) else LearnerConfig.model_validate(config)
+        cfg = self.config
+        self.world_size = cfg.world_size
+        use_gpu = cfg.device == "cuda" or (cfg.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
+        bundle = {"CPU": cfg.num_cpus_per_worker, **({"GPU": cfg.num_gpus_per_worker} if use_gpu else {}),
+                  **cfg.resources}
+        self._pg = reserve_bundles([dict(bundle) for _ in range(self.world_size)], cfg.placement_strategy,
+                                   "learner", ready_timeout_s)
+        remote_cls = ray.remote(LearnerWorker)
+        options: dict[str, Any] = {"num_cpus": cfg.num_cpus_per_worker,
+                                   "num_gpus": cfg.num_gpus_per_worker if use_gpu else 0}
+        if runtime_env:
+            options["runtime_env"] = runtime_env
+        self.workers = [
+            remote_cls.options(**options, name=f"{name}-rank{r}" if name else None,
+                               scheduling_strategy=PlacementGroupSchedulingStrategy(
+                                   placement_group=self._pg, placement_group_bundle_index=r)).remote(
+                cfg.model_dump(mode="json"), r)
+            for r in range(self.world_size)]
+        try:
+            endpoints = ray.get([w.node_endpoint.remote() for w in self.workers])
+            ip, port, _ = endpoints[0]
+            self.master_addr = "127.0.0.1" if len({e[2] for e in endpoints}) == 1 else ip
+            self.master_port = port
+            self.info = ray.get([w.setup.remote(self.master_addr, port) for w in self.workers])
+        except Exception:
+            self.shutdown()
+            raise
+
+    # -------------------------------------------------------------------------------------------- fan out
+    def _call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        import ray
+
+        return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+
+    def _call_each(self, method: str, shares: list[dict[str, torch.Tensor]], *args: Any) -> list[Any]:
+        """``method(share_r, *args)`` on rank r, for every rank."""
+        import ray
+
+        return ray.get([getattr(w, method).remote(share, *args) for w, share in zip(self.workers, shares)])
+
+    def _inference(self, method: str, batch: Mapping[str, Any]) -> torch.Tensor:
+        return torch.cat(self._call_each(method, contiguous_shares(collate(batch), self.world_size)), dim=0)
+
+    def compute_logprobs(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        return self._inference("compute_logprobs", batch)
+
+    def compute_ref_logprobs(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        return self._inference("compute_ref_logprobs", batch)
+
+    def compute_values(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        return self._inference("compute_values", batch)
+
+    def _update(self, method: str, batch: Mapping[str, Any]) -> dict[str, float]:
+        shares = mini_batch_shares(collate(batch), self.world_size, self.config.mini_batch_size)
+        return self._call_each(method, shares)[0]  # the metrics are global: rank 0's
+
+    def update_policy(self, batch: Mapping[str, Any]) -> dict[str, float]:
+        return self._update("update_policy", batch)
+
+    def update_critic(self, batch: Mapping[str, Any]) -> dict[str, float]:
+        return self._update("update_critic", batch)
+
+    def update_sft(self, batch: Mapping[str, Any], lr: float | None = None) -> dict[str, float]:
+        return self._call_each("update_sft", contiguous_shares(collate(batch), self.world_size), lr)[0]
+
+    def rebase_reference(self) -> None:
+        self._call_all("rebase_reference")
+
+    def state_dict_for_rollout(self, dtype: str | None = None) -> dict[str, torch.Tensor]:
+        return self._call_all("state_dict_for_rollout", dtype)[0]
+
+    def save_checkpoint(self, path: str | os.PathLike, step: int, data_position: Any = None) -> str:
+        return self._call_all("save_checkpoint", str(path), step, data_position)[0]
+
+    def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
+        return self._call_all("load_checkpoint", str(path))[0]
+
+    def rng_sample(self) -> list[list[float]]:
+        return self._call_all("rng_sample")
+
+    def describe(self) -> list[dict[str, Any]]:
+        return self._call_all("describe")
+
+    def shutdown(self) -> None:
+        """Kill the actors and release the placement group."""
+        import ray
+
+        for w in getattr(self, "workers", []):
+            with suppress(Exception):  # already gone
+                ray.kill(w)
+        self.workers = []
+        release_bundles(getattr(self, "_pg", None))
+        self._pg = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

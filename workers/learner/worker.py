@@ -1,0 +1,387 @@
+"""``LearnerWorker``: one learner rank (``LearnerGroup`` runs it as a Ray actor; a lone rank also runs in-process).
+
+It owns
+
+- the **policy** (HF causal LM, trained with AdamW),
+- a frozen **reference** copy of the initial policy (built eagerly when ``kl.coef > 0``, else on the first
+  ``compute_ref_logprobs``), held like the policy,
+- optionally a **critic** (the policy's backbone, a copy of the initial weights, with a scalar value head) for PPO.
+
+How the models are held (FSDP2 shards or a plain module) is ``workers.learner.strategy``; the batch format is
+``pr_rlhf.rl.batches``; the losses are ``pr_rlhf.rl.objectives``; checkpoints are ``workers.learner.checkpoint``.
+
+Outputs of ``compute_logprobs`` / ``compute_ref_logprobs`` / ``compute_values`` are float32 ``[B, T]`` CPU
+tensors, right-padded like the input responses (the width of a tensor input is kept; ragged input gives
+``T = max response length``), 0 after each response (``pr_rlhf.rl.forward``).
+
+``update_policy`` / ``update_critic`` run ``ppo_epochs`` passes over the mini-batches (``mini_batch_size`` global
+samples, in batch order; ``LearnerGroup`` splits each one across the ranks), one AdamW step per mini-batch, with
+gradients accumulated over micro-batches (``workers.learner.micro_batches``). Same seed + same data => bitwise
+the same weights (CPU), also across a checkpoint and resume.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pr_rlhf.configs.learner import LearnerConfig
+from pr_rlhf.rl import objectives
+from pr_rlhf.rl.batches import collate, minibatch_index
+from pr_rlhf.rl.forward import response_logprobs, response_values
+from pr_rlhf.rl.modeling import load_causal_lm, load_critic, pick_attn_implementation
+from pr_rlhf.rl.update_log import UpdateLog
+from workers.learner import checkpoint
+from workers.learner.micro_batches import MicroBatchRunner, MicroOutput
+from workers.learner.ranks import join_process_group, node_endpoint
+from workers.learner.strategy import make_strategy
+
+log = logging.getLogger(__name__)
+
+
+class LearnerWorker:
+    """One learner rank. Use through ``LearnerGroup`` (Ray); a single-rank worker also runs in-process:
+    ``w = LearnerWorker(cfg); w.setup()``.
+
+    Every public method that touches a model is collective: with ``world_size > 1`` all ranks must call it together
+    (``LearnerGroup`` does), each with its own share of the batch (any size, also empty).
+    """
+
+    def __init__(self, config: LearnerConfig | Mapping[str, Any], rank: int = 0) -> None:
+        self.config = config if isinstance(config, LearnerConfig) else LearnerConfig.model_validate(config)
+        self.rank = rank
+        self.world_size = self.config.world_size
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is outside world_size {self.world_size}")
+        self._ready = False
+        self.policy: nn.Module | None = None
+        self.ref: nn.Module | None = None
+        self.critic: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.critic_optimizer: torch.optim.Optimizer | None = None
+        self.optimizer_steps = 0
+        self.critic_optimizer_steps = 0
+        self.ref_rebased = False     # True once rebase_reference() made the reference a copy of the policy
+        self._owns_process_group = False
+        if self.config.torch_threads:
+            torch.set_num_threads(self.config.torch_threads)
+
+    # ------------------------------------------------------------------------------------------------- setup
+    def node_endpoint(self) -> tuple[str, int, str]:
+        """(this node's IP, a free port, the Ray node id): rank 0 offers the first two as MASTER_ADDR / PORT."""
+        return node_endpoint()
+
+    def setup(self, master_addr: str | None = None, master_port: int | None = None) -> dict[str, Any]:
+        """Join the process group, load the models, build the optimizers. Returns a short description."""
+        if self._ready:
+            return self.describe()
+        t0 = time.perf_counter()
+        cfg = self.config
+        self.ranks, self._owns_process_group = join_process_group(self.rank, self.world_size, cfg.device,
+                                                                  master_addr, master_port)
+        self.device = self.ranks.device
+        self.compute_dtype = getattr(torch, cfg.dtype)
+        self.strategy = make_strategy(cfg.strategy, self.device, self.compute_dtype, self.world_size)
+
+        from pr_rlhf.models.hf_engine import quiet_hf_loading
+        from pr_rlhf.models.sources import resolve_model
+
+        quiet_hf_loading()
+        self.model_dir = resolve_model(cfg.model)
+        checkpoint.seed_everything(cfg.seed)  # identical initialization (critic head) on every rank
+        policy = load_causal_lm(self.model_dir, torch.float32, self._attn(torch.float32), trainable=True,
+                                gradient_checkpointing=cfg.gradient_checkpointing)
+        self.pad_token_id = int(getattr(policy.config, "pad_token_id", None) or 0)
+        self.policy = self.strategy.wrap(policy)
+        self.optimizer = self._build_optimizer(self.policy, cfg.lr, cfg.weight_decay)
+        if cfg.needs_reference:
+            self._build_reference()
+        if cfg.critic.enabled:
+            critic = load_critic(self.model_dir, self._attn(torch.float32),
+                                 gradient_checkpointing=cfg.gradient_checkpointing)
+            self.critic = self.strategy.wrap(critic)
+            self.critic_optimizer = self._build_optimizer(self.critic, cfg.critic.lr, cfg.critic.weight_decay)
+        checkpoint.seed_everything(cfg.seed + self.rank)  # per-rank streams from here on
+        self.micro = MicroBatchRunner(self.ranks, self.strategy, self.pad_token_id, cfg.grad_clip)
+        from pr_rlhf.algos import POLICY_LOSSES
+
+        POLICY_LOSSES.get(cfg.policy_loss)  # unknown names fail at setup, not at the first update
+        self.ranks.barrier()
+        self._ready = True
+        self.setup_time_s = time.perf_counter() - t0
+        return self.describe()
+
+    def describe(self) -> dict[str, Any]:
+        n_params = sum(p.numel() for p in self.policy.parameters()) if self.policy is not None else 0
+        return {"rank": self.rank, "world_size": self.world_size, "strategy": self.config.strategy,
+                "device": str(self.device), "backend": dist.get_backend() if dist.is_initialized() else None,
+                "model_dir": self.model_dir, "local_policy_params": int(n_params),
+                "reference": self.ref is not None, "critic": self.critic is not None,
+                "optimizer_steps": self.optimizer_steps, "setup_time_s": getattr(self, "setup_time_s", None),
+                "pid": os.getpid(), "node_id": self.node_endpoint()[2]}
+
+    def _attn(self, dtype: torch.dtype) -> str:
+        return pick_attn_implementation(self.config.attn_implementation, self.device.type, dtype)
+
+    def _build_reference(self) -> None:
+        dtype = self.strategy.reference_dtype
+        self.ref = self.strategy.wrap(load_causal_lm(self.model_dir, dtype, self._attn(dtype), trainable=False),
+                                      frozen=True)
+
+    def _build_optimizer(self, model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+        params = [p for p in model.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=lr, betas=tuple(self.config.betas), eps=self.config.eps,
+                                 weight_decay=weight_decay)
+
+    def _require_ready(self) -> None:
+        if not self._ready:
+            raise RuntimeError("LearnerWorker.setup() has not run")
+
+    # ------------------------------------------------------------------------------------------------ forward
+    def _logprobs(self, model: nn.Module, mb: Mapping[str, torch.Tensor], with_entropy: bool = False,
+                  entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return response_logprobs(model, mb, device=self.device, autocast=self.strategy.autocast(),
+                                 temperature=self.config.temperature, shared_prefix=self.config.shared_prefix,
+                                 pad_token_id=self.pad_token_id, with_entropy=with_entropy,
+                                 entropy_grad=entropy_grad)
+
+    def _values(self, model: nn.Module, mb: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return response_values(model, mb, device=self.device, autocast=self.strategy.autocast())
+
+    def _forward_all(self, model: nn.Module, batch: Mapping[str, Any], fn: MicroOutput) -> torch.Tensor:
+        size = self.config.forward_micro_batch_size or self.config.micro_batch_size
+        return self.micro.forward_all(model, self._canonical(batch), size, fn)
+
+    def _canonical(self, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        return collate(batch, pad_token_id=self.pad_token_id)
+
+    def compute_logprobs(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """Per-token log-probs ``[B, T]`` of the responses under the current policy."""
+        self._require_ready()
+        return self._forward_all(self.policy, batch, lambda m, mb: self._logprobs(m, mb)[0])
+
+    def compute_ref_logprobs(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """Per-token log-probs ``[B, T]`` under the frozen reference (the initial policy)."""
+        self._require_ready()
+        if self.ref is None:
+            self._build_reference()
+        return self._forward_all(self.ref, batch, lambda m, mb: self._logprobs(m, mb)[0])
+
+    def compute_values(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """Critic values ``[B, T]``: ``values[i, t]`` = V(prompt_i + response_i[:t])."""
+        self._require_ready()
+        if self.critic is None:
+            raise RuntimeError("the critic is disabled (critic.enabled: false)")
+        return self._forward_all(self.critic, batch, self._values)
+
+    # ------------------------------------------------------------------------------------------------ updates
+    def _mini_batches(self, b: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        """Row indices of each mini-batch; the same count on every rank (possibly empty on some)."""
+        index = minibatch_index(b, self.world_size, self.config.mini_batch_size)
+        count = int(self.ranks.reduce([int(index.max()) + 1 if len(index) else 0], op="max")[0])
+        return [torch.nonzero(index == k).flatten() for k in range(count)]
+
+    def _nothing_to_learn(self, tokens: float, seqs: float) -> bool:
+        return (seqs if self.config.loss_agg_mode.startswith("seq") else tokens) == 0
+
+    def update_policy(self, batch: Mapping[str, Any]) -> dict[str, float]:
+        """PPO / GRPO policy update: ``ppo_epochs`` passes over the mini-batches, one AdamW step each.
+
+        Needs ``old_logprobs`` and ``advantages`` (and ``ref_logprobs`` when the KL is in the loss; computed here
+        if absent). Returns global metrics (identical on every rank), keys prefixed ``actor/``.
+        """
+        self._require_ready()
+        cfg = self.config
+        t0 = time.perf_counter()
+        b = self._canonical(batch)
+        if "advantages" not in b:
+            raise KeyError(f"update_policy needs 'advantages' in the batch (have {sorted(b)})")
+        if cfg.kl_in_loss and "ref_logprobs" not in b:
+            b["ref_logprobs"] = self.compute_ref_logprobs(b)
+        minis = self._mini_batches(b)
+        # On-policy shortcut (as TRL does): with one epoch over one mini-batch the policy being updated *is* the
+        # behaviour policy, so the old log-probs are this forward's own, detached; no separate pass is needed.
+        on_policy = "old_logprobs" not in b
+        if on_policy and not (cfg.ppo_epochs == 1 and len(minis) <= 1):
+            raise KeyError(f"update_policy needs 'old_logprobs' in the batch (have {sorted(b)}): without them only "
+                           f"a single on-policy update (ppo_epochs 1, one mini-batch) is possible")
+        log = UpdateLog.of(objectives.policy_loss_terms(cfg), epochs=cfg.ppo_epochs)
+        self.policy.train()
+        for _epoch in range(cfg.ppo_epochs):
+            for rows in minis:
+                gb, g_tokens, g_seqs = self.micro.global_batch_info(b["response_mask"][rows])
+                if self._nothing_to_learn(g_tokens, g_seqs):
+                    continue  # every rank skips together
+
+                def micro_loss(mb: dict[str, torch.Tensor], mask: torch.Tensor, gb=gb) -> objectives.MicroLoss:
+                    logp, entropy = self._logprobs(self.policy, mb, True, entropy_grad=cfg.entropy_coef > 0)
+                    return objectives.policy_objective(
+                        cfg, logp, entropy, logp.detach() if on_policy else mb["old_logprobs"].to(self.device),
+                        mb["advantages"].to(self.device), mask, gb,
+                        mb["ref_logprobs"].to(self.device) if cfg.kl_in_loss else None)
+
+                self.micro.accumulated_step(self.policy, self.optimizer, b, rows, cfg.micro_batch_size, log,
+                                            micro_loss, lambda m, mb: self._logprobs(m, mb)[0])
+        self.optimizer_steps += log.steps
+        return self.micro.metrics("actor", log, cfg.lr, t0)
+
+    def update_critic(self, batch: Mapping[str, Any]) -> dict[str, float]:
+        """Clipped value-loss regression of the critic on ``returns``; needs ``values`` (old) and ``returns``."""
+        self._require_ready()
+        if self.critic is None:
+            raise RuntimeError("the critic is disabled (critic.enabled: false)")
+        cfg = self.config
+        t0 = time.perf_counter()
+        b = self._canonical(batch)
+        for name in ("values", "returns"):
+            if name not in b:
+                raise KeyError(f"update_critic needs {name!r} in the batch (have {sorted(b)})")
+        minis = self._mini_batches(b)
+        log = UpdateLog.of(["vf_loss"], epochs=cfg.ppo_epochs)
+        self.critic.train()
+        for _epoch in range(cfg.ppo_epochs):
+            for rows in minis:
+                gb, g_tokens, g_seqs = self.micro.global_batch_info(b["response_mask"][rows])
+                if self._nothing_to_learn(g_tokens, g_seqs):
+                    continue
+
+                def micro_loss(mb: dict[str, torch.Tensor], mask: torch.Tensor, gb=gb) -> objectives.MicroLoss:
+                    return objectives.critic_objective(cfg, self._values(self.critic, mb),
+                                                       mb["values"].to(self.device), mb["returns"].to(self.device),
+                                                       mask, gb)
+
+                self.micro.accumulated_step(self.critic, self.critic_optimizer, b, rows,
+                                            cfg.critic.micro_batch_size or cfg.micro_batch_size, log, micro_loss,
+                                            self._values)
+        self.critic_optimizer_steps += log.steps
+        return self.micro.metrics("critic", log, cfg.critic.lr, t0)
+
+    def update_sft(self, batch: Mapping[str, Any], lr: float | None = None) -> dict[str, float]:
+        """One supervised step: token-mean negative log-likelihood of the response tokens (the prompt is context
+        only), averaged over the global batch, one AdamW step at ``lr`` (default: the policy's). Metrics keys are
+        prefixed ``sft/``."""
+        self._require_ready()
+        cfg = self.config
+        t0 = time.perf_counter()
+        b = self._canonical(batch)
+        step_lr = cfg.lr if lr is None else float(lr)
+        gb, g_tokens, _ = self.micro.global_batch_info(b["response_mask"])
+        log = UpdateLog.of(["nll"])
+        self.policy.train()
+        for group in self.optimizer.param_groups:
+            group["lr"] = step_lr
+        try:
+            if g_tokens > 0:
+                self.micro.accumulated_step(
+                    self.policy, self.optimizer, b, torch.arange(b["response_ids"].shape[0]), cfg.micro_batch_size,
+                    log, lambda mb, mask: objectives.sft_objective(self._logprobs(self.policy, mb)[0], mask, gb),
+                    lambda m, mb: self._logprobs(m, mb)[0])
+        finally:
+            for group in self.optimizer.param_groups:
+                group["lr"] = cfg.lr
+        self.optimizer_steps += log.steps
+        return self.micro.metrics("sft", log, step_lr, t0)
+
+    def rebase_reference(self) -> None:
+        """Make the current policy the frozen reference and start a fresh optimizer: RL after a supervised warm
+        start regularizes towards (and clips against) the warm-started model, not the initial weights. The
+        reference is saved in checkpoints from then on, so a resumed run keeps it. Collective."""
+        self._require_ready()
+        if self.ref is None:
+            self._build_reference()
+        checkpoint.load_full_model_state(self.ref, self._full_state(self.policy), self.strategy, self.ranks)
+        self.optimizer = self._build_optimizer(self.policy, self.config.lr, self.config.weight_decay)
+        self.ref_rebased = True
+
+    # ------------------------------------------------------------------------------------------- state dicts
+    def _full_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        return checkpoint.full_model_state(model, self.strategy, self.ranks)
+
+    def state_dict_for_rollout(self, dtype: str | None = None) -> dict[str, torch.Tensor]:
+        """The policy's full state dict (HF parameter names, CPU tensors) on rank 0, ``{}`` on the others, for
+        loading into the rollout engine (``reload_weights``). ``dtype`` casts floating tensors (e.g. 'bfloat16')."""
+        self._require_ready()
+        state = self._full_state(self.policy)
+        if dtype is not None and state:
+            target = getattr(torch, dtype)
+            state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
+        return state
+
+    # -------------------------------------------------------------------------------------------- checkpoints
+    def _trained_models(self) -> list[tuple[str, nn.Module, torch.optim.Optimizer]]:
+        out = [("policy", self.policy, self.optimizer)]
+        if self.critic is not None:
+            out.append(("critic", self.critic, self.critic_optimizer))
+        return out
+
+    def save_checkpoint(self, path: str | os.PathLike, step: int, data_position: Any = None) -> str:
+        """Save everything needed to resume exactly: weights (safetensors, an HF-loadable directory per model),
+        optimizer state, per-rank RNG states, ``step`` and ``data_position`` (any JSON value). ``meta.json`` is
+        written last: its presence marks a complete checkpoint. Collective; returns the directory."""
+        self._require_ready()
+        meta = {"step": int(step), "data_position": data_position, "strategy": self.config.strategy,
+                "optimizer_steps": self.optimizer_steps, "critic_optimizer_steps": self.critic_optimizer_steps,
+                "config": self.config.model_dump(mode="json")}
+        # the reference is kept once it is no longer the model directory's weights
+        checkpoint.save_checkpoint(Path(path), trained=self._trained_models(),
+                                   reference=self.ref if self.ref_rebased else None, strategy=self.strategy,
+                                   ranks=self.ranks, model_dir=self.model_dir, meta=meta)
+        return str(Path(path))
+
+    @staticmethod
+    def read_checkpoint_meta(path: str | os.PathLike) -> dict[str, Any]:
+        return checkpoint.read_checkpoint_meta(path)
+
+    def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
+        """Restore weights, optimizer state, RNG states and counters saved by ``save_checkpoint`` (any world size
+        for weights and optimizer; RNG states per rank when the world size matches). Collective. Returns
+        ``{"step", "data_position", ...}`` from the checkpoint."""
+        self._require_ready()
+        root = Path(path)
+        meta = checkpoint.read_checkpoint_meta(root)
+        for name, model, optimizer in self._trained_models():
+            if name not in meta["models"]:
+                raise ValueError(f"{root}: the checkpoint holds no {name!r} (saved with {sorted(meta['models'])})")
+            checkpoint.load_full_model_state(model, checkpoint.read_weights(root / name, self.ranks), self.strategy,
+                                             self.ranks)
+            if meta["models"][name]["optimizer"]:
+                checkpoint.load_optimizer_state(model, optimizer, root / name, self.ranks)
+            else:  # saved before the first step: a fresh optimizer
+                fresh = self._build_optimizer(model, optimizer.param_groups[0]["lr"],
+                                              optimizer.param_groups[0]["weight_decay"])
+                if name == "policy":
+                    self.optimizer = fresh
+                else:
+                    self.critic_optimizer = fresh
+        if "reference" in meta["models"]:
+            if self.ref is None:
+                self._build_reference()
+            checkpoint.load_full_model_state(self.ref, checkpoint.read_weights(root / "reference", self.ranks),
+                                             self.strategy, self.ranks)
+            self.ref_rebased = True
+        if not checkpoint.restore_rng(root, meta, self.ranks, self.config.seed):
+            log.warning("%s: no RNG state for rank %d of %d; reseeding", root, self.rank, self.world_size)
+        self.optimizer_steps = int(meta.get("optimizer_steps", 0))
+        self.critic_optimizer_steps = int(meta.get("critic_optimizer_steps", 0))
+        self.ranks.barrier()
+        return {"step": meta["step"], "data_position": meta["data_position"], "world_size": meta["world_size"],
+                "path": str(root)}
+
+    # ------------------------------------------------------------------------------------------------ misc
+    def rng_sample(self) -> list[float]:
+        """Draw one number from each of torch / numpy / python random (advances them): tests RNG restoration."""
+        return [float(torch.rand(())), float(np.random.random()), random.random()]
+
+    def shutdown(self) -> None:
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_process_group = False

@@ -1,0 +1,146 @@
+"""`pr-rlhf quickstart`: the main job on the embedded default (local Ray, CPU, no network), stage after stage.
+
+The stages are the CLI's own subcommands (data build, eval, pgenrm, scaling, bon, train), each run and shown by
+the callable the CLI hands in (:class:`StageRunners`), so the quickstart prints exactly what those commands print.
+This module places every stage's output under one folder, sequences the stages the recipe has, keeps one mlflow
+store for all of them (plus the quickstart's own summary run) and measures time and peak memory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pr_rlhf.configs.recipe import Recipe, dump_recipe, load_recipe
+from pr_rlhf.peak_memory import PeakRSS
+from pr_rlhf.tracking import DB_FILE, ENV_URI, make_tracker
+
+DEFAULT_RECIPE = Path("recipes/quickstart.yaml")
+
+
+def quickstart_recipe(recipe: Path, out: Path, overrides: list[str]) -> Recipe:
+    """The recipe (the embedded default when ``recipe`` does not exist) with every stage it has placed under
+    ``out`` and, unless one is configured, one mlflow store for all of them; ``overrides`` apply last.
+    Raises :class:`~pr_rlhf.configs.recipe.RecipeError`."""
+    q = lambda v: json.dumps(str(v))  # noqa: E731 - a YAML-safe override value
+    placed = [f"data.out={q(out / 'data')}", f"eval.shards={q(out / 'data')}", f"eval.out={q(out / 'eval')}"]
+    source = recipe if recipe.exists() else None
+    resolved = load_recipe(source, placed + overrides)
+    # place every later stage that the recipe has under out (placing one it lacks would conjure a default)
+    world_shards = out / "pgenrm" / "data"
+    later = {"train": [f"train.out={q(out / 'rl')}", f"train.data.shards={q(out / 'rl_world')}"],
+             "pgenrm": [f"pgenrm.out={q(out / 'pgenrm')}", f"pgenrm.shards={q(world_shards)}"],
+             "scaling": [f"scaling.out={q(out / 'scaling')}", f"scaling.shards={q(world_shards)}"],
+             "bon": [f"bon.out={q(out / 'bon')}", f"bon.shards={q(world_shards)}"]}
+    placed += [o for section, opts in later.items() if getattr(resolved, section) is not None for o in opts]
+    if resolved.tracking.mlflow_uri is None and not os.environ.get(ENV_URI):
+        # one store for every stage's run: `mlflow ui --backend-store-uri sqlite:///<out>/mlflow.db` shows them all
+        placed.append(f"tracking.mlflow_uri={q('sqlite:///' + str((out / DB_FILE).resolve()))}")
+    return load_recipe(source, placed + overrides)
+
+
+@dataclass
+class StageRunners:
+    """Runs and shows one stage each (the CLI's subcommands), and draws the rule that opens a stage."""
+
+    rule: Callable[[str], None]
+    data: Callable[[Recipe], Any]      # -> data_pipelines.build.BuildReport
+    eval: Callable[[Recipe], Any]      # -> pr_rlhf.eval.runner's result (run_dir)
+    pgenrm: Callable[[Recipe], dict]   # -> {stage: result}
+    scaling: Callable[[Recipe], dict]  # -> workers.scaling.run_scaling's result
+    bon: Callable[[Recipe], dict]      # -> the sweep's report
+    train: Callable[[Recipe], Any]     # -> (workers.controller.RLResult, paired held-out rise)
+
+
+@dataclass
+class StageTime:
+    stage: str
+    result: str
+    seconds: float
+
+
+@dataclass
+class QuickstartSummary:
+    stages: list[StageTime] = field(default_factory=list)
+    minutes: float = 0.0
+    peak_rss_gb: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"minutes": self.minutes, "peak_rss_gb": self.peak_rss_gb,
+                "stages": [{"stage": s.stage, "result": s.result, "minutes": s.seconds / 60} for s in self.stages]}
+
+
+def accuracy_with_misses(summary: dict) -> str:
+    """'52.5% (3 ties, 1 unparsed of 40)': an accuracy that says how much of the rest is ties and parse failures."""
+    return (f"{100 * summary['accuracy']:.1f}% ({summary.get('ties', 0)} ties, {summary.get('failures', 0)} unparsed"
+            f" of {summary.get('n', 0)})")
+
+
+def run_quickstart(recipe: Recipe, out: Path, run: StageRunners) -> QuickstartSummary:
+    """Every stage the recipe has, in order; writes ``<out>/recipe.yaml`` and ``<out>/summary.json`` and logs the
+    summary to the quickstart's own mlflow run."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "recipe.yaml").write_text(dump_recipe(recipe))
+    summary = QuickstartSummary()
+    # the quickstart's own run opens first, so a new experiment keeps its artifacts under <out>/mlartifacts
+    tracker = make_tracker(recipe.tracking, out, f"{recipe.name}/summary", tags={"stage": "quickstart"})
+    with tracker:
+        tracker.log_params(recipe.model_dump(mode="json"))
+        with PeakRSS() as memory:
+            start = time.perf_counter()
+
+            def stage(title: str, name: str, body: Callable[[], str]) -> None:
+                run.rule(title)
+                t = time.perf_counter()
+                result = body()
+                summary.stages.append(StageTime(name, result, time.perf_counter() - t))
+
+            run.rule(f"[bold]pr-rlhf quickstart[/] -> {out}")
+            stage("1. data: the synthetic persona world -> Arrow shards", "data",
+                  lambda: f"{run.data(recipe).out_dir}")
+            stage("2. reward models on held-out pairs (base models: untrained, expect ~50% or parse failures)",
+                  "evaluation (untrained floor)", lambda: f"{run.eval(recipe).run_dir}/report.md")
+            if recipe.pgenrm is not None:
+                stage("3. P-GenRM: PSI -> CRE -> curriculum, briefly (a useful GenRM needs ~30 min of PSI: the next "
+                      "stages use the shipped one)", "P-GenRM stages (brief)", lambda: _pgenrm_result(recipe, run))
+            if recipe.scaling is not None:
+                stage(f"4. test-time scaling of the shipped P-GenRM ({recipe.scaling.model})", "test-time scaling",
+                      lambda: ", ".join(f"{r.group} ({r.m},{r.n}) {100 * r.accuracy:.1f}"
+                                        for r in run.scaling(recipe)["rows"]))
+            if recipe.bon is not None:
+                stage(f"5. Best-of-N: {recipe.bon.n} samples per prompt, best-of-k per reward model", "Best-of-N",
+                      lambda: _bon_result(run.bon(recipe)))
+            if recipe.train is not None:
+                stage("6. GRPO with personalized rewards (tiny policy; held-out = cold-start users)", "GRPO",
+                      lambda: _rl_result(run.train(recipe)[0]))
+            summary.minutes = (time.perf_counter() - start) / 60
+        summary.peak_rss_gb = memory.peak_gb
+        (out / "summary.json").write_text(json.dumps(summary.as_dict(), indent=1))
+        tracker.log_metrics({"quickstart/minutes": summary.minutes, "quickstart/peak_rss_gb": summary.peak_rss_gb,
+                             # 'evaluation (untrained floor)' -> quickstart/minutes/evaluation (the tracker sanitizes)
+                             **{f"quickstart/minutes/{s.stage.split(' (')[0].lower()}": s.seconds / 60
+                                for s in summary.stages}})
+        tracker.log_artifact(out / "summary.json")
+    return summary
+
+
+def _pgenrm_result(recipe: Recipe, run: StageRunners) -> str:
+    cfg = recipe.pgenrm
+    last = run.pgenrm(recipe)[cfg.stages[-1]]
+    return (f"{cfg.stages[-1]} after {cfg.psi.steps} PSI steps: seen {accuracy_with_misses(last['seen']['summary'])}"
+            f", cold {accuracy_with_misses(last['cold']['summary'])}")
+
+
+def _bon_result(report: dict) -> str:
+    validity = report.get("validity", {})
+    return (f"rho {validity.get('spearman_rho', float('nan')):+.2f}, NDCG {validity.get('ndcg', float('nan')):.2f} "
+            f"over {len(validity.get('reward_models', []))} RMs ({validity.get('downstream', '-')})")
+
+
+def _rl_result(rl: Any) -> str:
+    first, last = rl.evals[0], rl.evals[-1]
+    return f"held-out reward {first['eval/heldout_reward_mean']:+.3f} -> {last['eval/heldout_reward_mean']:+.3f}"
