@@ -21,7 +21,7 @@ from pr_rlhf.models.prompting import load_tokenizer
 from pr_rlhf.models.sources import resolve_model
 from pr_rlhf.rl.prompts import PromptItem, batch_at, load_prompts, load_warmup_answers, sft_example
 from pr_rlhf.shards import ShardReader
-from pr_rlhf.stats import mean_ci
+from pr_rlhf.stats import mean_ci, paired_difference_ci
 from pr_rlhf.tracking import make_tracker
 from workers.rl_loop import generate_sharded, read_checkpoint, rl_step, sft_steps, sync_weights, write_checkpoint
 
@@ -40,9 +40,8 @@ def heldout_rise(first: dict, last: dict, n_bootstrap: int = 2000, seed: int = 0
     """Paired rise of the held-out reward between two evaluations: the mean over prompts of (last - first) with a
     95% bootstrap CI over prompts. Pairing removes what differs between users (their attainable reward), which
     dominates the unpaired CIs of each evaluation."""
-    diff = np.asarray(last[PER_PROMPT]) - np.asarray(first[PER_PROMPT])
-    low, high = mean_ci(diff, n_bootstrap=n_bootstrap, seed=seed)
-    return {"rise": float(diff.mean()), "ci_low": low, "ci_high": high, "prompts": int(diff.size)}
+    rise, low, high = paired_difference_ci(last[PER_PROMPT], first[PER_PROMPT], n_bootstrap=n_bootstrap, seed=seed)
+    return {"rise": rise, "ci_low": low, "ci_high": high, "prompts": len(last[PER_PROMPT])}
 
 
 def loggable(metrics: dict) -> dict:
