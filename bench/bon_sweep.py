@@ -8,8 +8,9 @@ gold utility), in the same process; ``ratio = baseline_s / pooled_s`` (higher is
 
 Policy: SmolLM2-135M (``--model``; ``tiny`` for a quick check). One engine request per prompt on both sides: on
 CPU one request of 4 prompts x 32 samples (10-post profiles in the prompts) cost 1.45 s per sample against 0.55 s
-for 4 requests of 32 (measured): a mixed batch would measure batch shapes, not the pooling. On CPU the default N is 32 (63 vs 32 generations
-per prompt), not the GPU recipe's 128: say so when quoting it. The LAST line is machine-readable:
+for 4 requests of 32 (measured): a mixed batch would measure batch shapes, not the pooling. On CPU the default N
+is 32 (63 vs 32 generations per prompt), not the GPU recipe's 128: say so when quoting it.
+The LAST line is machine-readable:
 
     BENCH bon_sweep n=<N> prompts=<P> pooled_s=<x> fresh_s=<y> ratio=<y/x>
 
@@ -45,13 +46,13 @@ def main() -> None:
     import torch
 
     from data_pipelines.build import ensure_world_shards
-    from pr_rlhf.configs.bon import BoNConfig
     from pr_rlhf.bon.estimator import best_of_k_curve, powers_of_two
     from pr_rlhf.configs.base import engine_config
+    from pr_rlhf.configs.bon import BoNConfig
+    from pr_rlhf.configs.world import WorldConfig
     from pr_rlhf.models import make_engine
     from pr_rlhf.models.base import SamplingParams
     from pr_rlhf.world import build_world
-    from pr_rlhf.configs.world import WorldConfig
     from workers.bon import load_bon_prompts
 
     torch.set_num_threads(args.threads)

@@ -203,7 +203,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny run (seconds): checks the benchmark works")
     parser.add_argument("--source", choices=("auto", "world", "prb-like"), default="prb-like",
-                        help="prb-like (default): PRB-shaped users with ~100-160 mostly distinct posts; world: the synthetic persona world (its posts repeat across users, which inflates the ratio); auto: world when installed")
+                        help="prb-like (default): PRB-shaped users with ~100-160 mostly distinct posts; world: "
+                             "the synthetic persona world (its posts repeat across users, which inflates the "
+                             "ratio); auto: world when installed")
     parser.add_argument("--users", type=int, default=None,
                         help="users in the set (default: world 1000, prb-like 20; 5 / 4 with --quick)")
     parser.add_argument("--sample", type=int, default=None,

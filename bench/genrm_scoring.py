@@ -12,7 +12,8 @@ prefix (the user's profile posts and rubric). Reusing the prefix is where the ti
 
 Both sides of each comparison return the same scores (checked and printed). Default model: the 2.4M-parameter
 ``tiny`` test model; ``--model tiny-28m`` (hidden 512, 8 layers) is closer to compute-bound, and shows the
-same picture (measured on 2 cores, 529-token prefix, --quick: hf 5.9x, vllm 7.0x; tiny: hf 4.8x, vllm 4.8x). The LAST line is machine-readable:
+same picture (measured on 2 cores, 529-token prefix, --quick: hf 5.9x, vllm 7.0x; tiny: hf 4.8x, vllm 4.8x).
+The LAST line is machine-readable:
 
     BENCH genrm_scoring hf_shared_s=<> hf_naive_s=<> hf_ratio=<> vllm_cache_on_s=<> vllm_cache_off_s=<>
           vllm_ratio=<> ratio=<hf_ratio>

@@ -258,8 +258,8 @@ def run_trl(args: argparse.Namespace) -> dict:
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from pr_rlhf.models.prompting import load_tokenizer
     from pr_rlhf.models.hf_engine import quiet_hf_loading
+    from pr_rlhf.models.prompting import load_tokenizer
     from pr_rlhf.models.sources import resolve_model
     from pr_rlhf.shards import ShardReader
     from pr_rlhf.world import WorldConfig, build_world

@@ -196,10 +196,10 @@ def time_grid_points(engine, args) -> None:
     """Wall time of gathering each grid point's evidence for the same pairs (each point on its own, as a
     deployment that serves that point would), relative to (0, 0): one greedy chain per pair."""
     from pr_rlhf.configs.recipe import load_recipe
-    from pr_rlhf.models.embedders import make_embedder
     from pr_rlhf.configs.scaling import DEFAULT_GRID
-    from pr_rlhf.scaling.grid import group_inputs, member_histories
+    from pr_rlhf.models.embedders import make_embedder
     from pr_rlhf.scaling.embedding import embedder_name
+    from pr_rlhf.scaling.grid import group_inputs, member_histories
     from pr_rlhf.scaling.index import PrototypeIndex
     from pr_rlhf.scaling.scorer import ScaledJudge
 

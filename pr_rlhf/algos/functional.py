@@ -50,7 +50,9 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) over the last dimension: logsumexp(z) - sum(softmax(z) * z). Shape `logits[..., 0]`."""
+    """Entropy of softmax(logits) over the last dimension: logsumexp(z) - sum(softmax(z) * z).
+
+    Shape `logits[..., 0]`."""
     probs = torch.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
 

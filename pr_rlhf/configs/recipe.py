@@ -10,7 +10,7 @@ root's (:mod:`pr_rlhf.configs.inherit`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator

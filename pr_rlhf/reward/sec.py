@@ -356,5 +356,6 @@ def format_sec(sec: SEC, final: bool = True) -> str:
         lines.append(" | ".join(parts + ([_field(s.reason)] if s.reason.strip() else [])))
     lines.append("</scores>")
     if final:
-        lines += ["<final>", json.dumps({r: float(final_scores[r]) for r in RESPONSES if r in final_scores}), "</final>"]
+        final = {r: float(final_scores[r]) for r in RESPONSES if r in final_scores}
+        lines += ["<final>", json.dumps(final), "</final>"]
     return "\n".join(lines)

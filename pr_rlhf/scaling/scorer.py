@@ -13,10 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pr_rlhf.configs.scaling import ScalingConfig
 from pr_rlhf.models.base import Engine, Generation, SamplingParams
 from pr_rlhf.reward.inputs import InputMode, RMInput
 from pr_rlhf.reward.judge import JudgeFormat, PairwiseJudge, Slot, chosen_slot
-from pr_rlhf.configs.scaling import ScalingConfig
+from pr_rlhf.scaling.embedding import embed_personas
 from pr_rlhf.scaling.fusion import (
     ChainScores,
     Scores,
@@ -25,7 +26,6 @@ from pr_rlhf.scaling.fusion import (
     mean_of,
     verdict,
 )
-from pr_rlhf.scaling.embedding import embed_personas
 
 
 @dataclass

@@ -38,7 +38,8 @@ GENERIC_ADVICE: tuple[str, ...] = (
 
 GENERIC_NARRATIVES: tuple[str, ...] = (
     "I've been getting into {topic} lately and keep running into trouble with {thing}. Looking for practical advice.",
-    "Long-time lurker here. {thing} is the part of {topic} I never quite figured out, and I'd like to finally get it right.",
+    "Long-time lurker here. {thing} is the part of {topic} I never quite figured out, and I'd like to finally get "
+    "it right.",
 )
 
 SUBSETS: tuple[str, ...] = ("Art_and_Entertainment", "Lifestyle_and_Personal_Development", "Society_and_Culture")

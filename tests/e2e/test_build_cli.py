@@ -12,8 +12,8 @@ from data_pipelines import personal_rewardbench, prb
 from data_pipelines.build import build_shards
 from data_pipelines.synthetic import export_personal_rewardbench, export_prb
 from pr_rlhf.configs.recipe import DataConfig
-from pr_rlhf.shards import ShardReader
 from pr_rlhf.configs.world import WorldConfig
+from pr_rlhf.shards import ShardReader
 from pr_rlhf.world.generator import build_world
 from tests import cli_subprocess
 from tests.fixtures_raw import prb_row, question_defects, write_prb

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pr_rlhf.configs.recipe import load_recipe
 from pr_rlhf.configs.pgenrm import GRPOStageConfig, PGenRMConfig, PSIConfig
+from pr_rlhf.configs.recipe import load_recipe
 from pr_rlhf.pgenrm.curriculum import hard_share_at, step_prompts
 from tests.cli_subprocess import run_cli
 

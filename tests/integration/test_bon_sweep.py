@@ -6,14 +6,11 @@ from __future__ import annotations
 import json
 import sys
 
-import pytest
-
-from tests.optional import need
-
-from pr_rlhf.configs.bon import BoNConfig
 from pr_rlhf.configs.base import engine_config
+from pr_rlhf.configs.bon import BoNConfig
 from pr_rlhf.configs.reward import reward_config
 from pr_rlhf.configs.world import WorldConfig
+from tests.optional import need
 from tests.ray_fixtures import ray_cluster  # noqa: F401  (a session-wide Ray cluster)
 
 ray = need("ray")

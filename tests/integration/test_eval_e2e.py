@@ -10,8 +10,8 @@ import pytest
 
 from data_pipelines.build import build_shards
 from pr_rlhf.configs.recipe import DataConfig, load_recipe
-from pr_rlhf.eval.runner import EvalError, run_eval
 from pr_rlhf.configs.world import WorldConfig
+from pr_rlhf.eval.runner import EvalError, run_eval
 from tests.fixtures_raw import PAIR_SCHEMA, pair_row, prb_row, write_parquet, write_prb
 
 ROOT = Path(__file__).resolve().parents[2]

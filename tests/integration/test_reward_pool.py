@@ -12,15 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.optional import need
-from tests.ray_fixtures import ray_cluster  # noqa: F401  (a session-wide Ray cluster)
-
 from pr_rlhf.configs.recipe import GenerationConfig, engine_config
-from pr_rlhf.models.base import Generation, Sample
 from pr_rlhf.configs.reward import RewardConfig, reward_config
+from pr_rlhf.models.base import Generation, Sample
 from pr_rlhf.reward.sec import SEC, Criterion, CriterionScore, format_sec
 from pr_rlhf.scorers import GenRMScorer, GoldScorer, RewardRequest, ScalarScorer
 from pr_rlhf.world import WorldConfig, build_world
+from tests.optional import need
+from tests.ray_fixtures import ray_cluster  # noqa: F401  (a session-wide Ray cluster)
 from workers.reward import RewardPool, sticky_index
 
 ray = need("ray")

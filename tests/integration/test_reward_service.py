@@ -17,13 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.optional import need
-
 from pr_rlhf.configs.base import engine_config
 from pr_rlhf.configs.reward import reward_config
 from pr_rlhf.configs.serve import ServeConfig
 from pr_rlhf.world import WorldConfig, build_world
 from tests.cli_subprocess import kill_session
+from tests.optional import need
 from tests.ray_fixtures import ray_cluster  # noqa: F401  (a session-wide Ray cluster)
 
 ray = need("ray")

@@ -5,12 +5,11 @@ import shutil
 
 import pytest
 
-from tests.optional import need
-from tests.ray_fixtures import ray_cluster  # noqa: F401  (a session-wide Ray cluster)
-
 from pr_rlhf.configs.recipe import EngineConfig, engine_config
 from pr_rlhf.models import SamplingParams
 from pr_rlhf.models.sources import resolve_model
+from tests.optional import need
+from tests.ray_fixtures import ray_cluster  # noqa: F401  (a session-wide Ray cluster)
 from workers.rollout import RolloutWorker, spawn_rollout_worker
 
 ray = need("ray")

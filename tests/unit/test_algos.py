@@ -4,8 +4,6 @@ import math
 
 import numpy as np
 import pytest
-
-from tests.optional import need
 import torch
 
 from pr_rlhf import algos
@@ -18,6 +16,7 @@ from pr_rlhf.algos import (
     Registry,
     UnknownNameError,
 )
+from tests.optional import need
 
 ATOL = 1e-5
 
@@ -276,7 +275,8 @@ def test_registry_call_passes_only_supported_settings():
     for name in ("grpo", "grpo_no_std", "rloo", "gae"):
         adv, _ = ADVANTAGE_ESTIMATORS.call(name, **settings)
         assert adv.shape == r.shape
-    close(ADVANTAGE_ESTIMATORS.call("grpo_no_std", **settings)[0], algos.grpo(r, m, GROUP_INDEX, norm_adv_by_std=False)[0])
+    close(ADVANTAGE_ESTIMATORS.call("grpo_no_std", **settings)[0],
+          algos.grpo(r, m, GROUP_INDEX, norm_adv_by_std=False)[0])
     old, new, adv, mask = ppo_inputs()
     loss_c, _ = POLICY_LOSSES.call("clipped", old, new, adv, mask, clip_ratio_c=3.0, agg_mode="token-mean")
     loss_d, _ = POLICY_LOSSES.call("dual_clip", old, new, adv, mask, clip_ratio_c=3.0, agg_mode="token-mean")

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from pr_rlhf.configs.bon import BoNConfig
 from pr_rlhf.bon.correlation import correlation_report, load_bon, write_correlation_report
-from pr_rlhf.models.base import Generation, Sample
+from pr_rlhf.configs.bon import BoNConfig
 from pr_rlhf.configs.reward import reward_config
+from pr_rlhf.models.base import Generation, Sample
 from pr_rlhf.scorers import GenRMScorer, RewardRequest, WorldEstimateScorer
 from pr_rlhf.world import WorldConfig, build_world
 from pr_rlhf.world.reference import REFERENCES, estimate_accuracy, estimated_weights, reference_accuracies

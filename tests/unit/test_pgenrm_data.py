@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
+from pr_rlhf.configs.world import WorldConfig
 from pr_rlhf.pgenrm.oracle_chain import oracle_chain, percentages
 from pr_rlhf.pgenrm.psi_data import psi_examples
 from pr_rlhf.reward.sec import format_sec, parse_sec
-from pr_rlhf.configs.world import WorldConfig
 from pr_rlhf.world.generator import build_world
 from pr_rlhf.world.reference import WorldPrior, reference_accuracies
 
@@ -261,11 +261,13 @@ def test_vote_style_votes_for_the_user_type_and_decides_by_its_weights():
             assert agreed == (" ".join(expect) or "none")
             for k in expect:
                 votes[k] += 1
-        assert next(x for x in lines if x.startswith("Votes: ")) == "Votes: " + " ".join(f"{k}{n}" for k, n in votes.items())
+        expected_votes = "Votes: " + " ".join(f"{k}{n}" for k, n in votes.items())
+        assert next(x for x in lines if x.startswith("Votes: ")) == expected_votes
         voted = max(labels, key=lambda k: (votes[k], -labels.index(k)))   # most votes, the first on ties
         assert next(x for x in lines if x.startswith("Type: ")) == f"Type: {voted}"
         weights = world.archetypes[labels.index(voted)]
-        assert [c.name for c in pv.criteria] == [f"{'+' if w > 0 else '-'}{n}" for w, n in zip(weights, world.attribute_names)]
+        signed = [f"{'+' if w > 0 else '-'}{n}" for w, n in zip(weights, world.attribute_names)]
+        assert [c.name for c in pv.criteria] == signed
         pair = pairs[v.pair_id]
         x1, x2 = (pair.x_chosen, pair.x_rejected) if v.first_is_chosen else (pair.x_rejected, pair.x_chosen)
         margin = float(weights @ (np.array(x1) - np.array(x2)))

@@ -99,7 +99,8 @@ def test_policy_prompt_with_and_without_profile():
     from pr_rlhf.reward.inputs import profile_block
 
     posts = [{"id": "p1", "text": "I love slow mecha anime.", "category": "anime"}]
-    with_profile = chat("policy", profile_block=profile_block(posts, 10), plan_block="", question="What should I watch?")
+    with_profile = chat("policy", profile_block=profile_block(posts, 10), plan_block="",
+                        question="What should I watch?")
     user = with_profile[-1]["content"]
     assert "Post 1 (Category: anime):\nI love slow mecha anime." in user
     assert user.index("Post 1") < user.index("What should I watch?")

@@ -75,7 +75,8 @@ def tiny_bert_dir(tmp_path_factory):
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok.train_from_iterator([p["text"] for p in PROFILE] * 3, trainers.WordPieceTrainer(vocab_size=300, special_tokens=specials))
+    trainer = trainers.WordPieceTrainer(vocab_size=300, special_tokens=specials)
+    tok.train_from_iterator([p["text"] for p in PROFILE] * 3, trainer)
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
         special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
@@ -150,7 +151,8 @@ def test_bm25_agrees_with_bm25s_lucene_up_to_the_k1_plus_1_factor():
 
 def test_ranked_items_keep_their_own_ids_and_texts():
     # Scores reverse the input order, so every item moves; each id must still sit next to its own text.
-    reverse = lambda query, texts: [float(i) for i in range(len(texts))]
+    def reverse(query, texts):
+        return [float(i) for i in range(len(texts))]
     ranked = rank_profile("anything", PROFILE, top_k=None, scorer=reverse)
     assert [r["id"] for r in ranked] == ["p4", "p3", "p2", "p1", "p0"]
     by_id = {p["id"]: p for p in PROFILE}
@@ -161,7 +163,8 @@ def test_ranked_items_keep_their_own_ids_and_texts():
 
 def test_ties_break_by_original_index_and_top_k_bounds():
     assert ranking_order([1.0, 3.0, 1.0, 3.0, float("nan"), 2.0]).tolist() == [1, 3, 5, 0, 2, 4]
-    flat = lambda query, texts: [0.0] * len(texts)
+    def flat(query, texts):
+        return [0.0] * len(texts)
     assert [r["id"] for r in rank_profile("q", PROFILE, top_k=3, scorer=flat)] == ["p0", "p1", "p2"]
     assert len(rank_profile("q", PROFILE, top_k=50, scorer=flat)) == 5
     assert rank_profile("q", PROFILE, top_k=0, scorer=flat) == []

@@ -8,10 +8,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from pr_rlhf.configs.scaling import ScalingConfig, ScalingEvalConfig
 from pr_rlhf.models.base import Generation, Sample, SamplingParams
 from pr_rlhf.reward.inputs import RMInput
 from pr_rlhf.reward.sec import SEC, Criterion, CriterionScore, format_sec
-from pr_rlhf.configs.scaling import ScalingConfig, ScalingEvalConfig
 from pr_rlhf.scaling.fusion import chain_scores, fuse, verdict
 from pr_rlhf.scaling.scorer import Evidence, ScaledJudge, decide
 

@@ -36,7 +36,8 @@ def test_export_rows_are_verl_shaped(exported):
     assert len(rows) == counts["train"]
     row = rows[0]
     assert row["data_source"].startswith("pr_rlhf/") and row["ability"] == "personalization"
-    assert [m["role"] for m in row["prompt"]][-1] == "user" and row["extra_info"]["query"] in row["prompt"][-1]["content"]
+    assert [m["role"] for m in row["prompt"]][-1] == "user"
+    assert row["extra_info"]["query"] in row["prompt"][-1]["content"]
     assert len(row["extra_info"]["profile"]) == 3 and row["reward_model"]["ground_truth"] == row["extra_info"]["query"]
     test_users = {r["extra_info"]["user_id"] for r in pq.read_table(out / "test.parquet").to_pylist()}
     assert not test_users & {r["extra_info"]["user_id"] for r in rows}    # held-out users never trained on
