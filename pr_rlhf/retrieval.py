@@ -1,4 +1,4 @@
-"""Top-k profile retrieval: rank a user's past posts by relevance to a query (PROTOCOLS.md section 2).
+"""Top-k profile retrieval: rank a user's past posts by relevance to a query (docs/protocols.md section 2).
 
 PRB feeds the reward model the top-10 posts of a dense retriever, each rendered as ``Post i (Category: c):``
 then the text (:func:`pr_rlhf.reward.inputs.render_profile`). The public ranking scripts reorder texts but keep

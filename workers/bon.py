@@ -1,4 +1,4 @@
-"""Best-of-N sweeps on Ray (PROTOCOLS.md section 5): one pool of N samples per prompt, generated once on rollout
+"""Best-of-N sweeps on Ray (docs/protocols.md section 5): one pool of N samples per prompt, generated once on rollout
 workers (the prompt shared by its N samples), every sample scored once by each reward model and by the downstream
 judge through reward pools; best-of-k for every k from that one pool (``pr_rlhf.bon.estimator``).
 

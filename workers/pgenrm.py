@@ -1,4 +1,4 @@
-"""The P-GenRM training pipeline on Ray (PROTOCOLS.md section 4): base -> PSI -> CRE -> curriculum, plus the CRE
+"""The P-GenRM training pipeline on Ray (docs/protocols.md section 4): base -> PSI -> CRE -> curriculum, plus the CRE
 ablations (without PR, without OR), each stage on a fresh FSDP learner group (and rollout workers for the GRPO
 stages) started from the model the previous stage wrote.
 
@@ -230,7 +230,7 @@ class PGenRMPipeline:
 
     def evaluate(self, stage: str, model_dir: str) -> dict:
         """`pr-rlhf eval` of ``model_dir`` on both held-out groups, each a Ray task, one after the other: two
-        evaluations side by side on a small machine oversubscribe its cores (measured 3x slower on 2 cores)."""
+        evaluations side by side on a small machine oversubscribe its cores (docs/measurements.md)."""
         import ray
 
         task = ray.remote(num_cpus=1)(_run_eval_json)

@@ -1,4 +1,4 @@
-"""`pr-rlhf scaling`: the test-time scaling grid of a trained GenRM as a Ray task (PROTOCOLS.md section 4).
+"""`pr-rlhf scaling`: the test-time scaling grid of a trained GenRM as a Ray task (docs/protocols.md section 4).
 
 The task loads the GenRM and the embedder once, builds (or loads) the user prototypes from the seen users'
 persona texts, gathers each evaluated pair's evidence once for the largest (m, n) of the grid, and reads every grid

@@ -1,4 +1,4 @@
-"""Best-of-k from one pool of N samples per prompt (PROTOCOLS.md section 5).
+"""Best-of-k from one pool of N samples per prompt (docs/protocols.md section 5).
 
 The reward model's pick among k samples is the one it scores highest. This module computes, for every k, the
 *exact* expected downstream quality of that pick over all C(N, k) equally likely k-subsets of the pool, so a single

@@ -1,4 +1,4 @@
-"""Benchmark validity (PROTOCOLS.md section 5): does ranking reward models by benchmark accuracy rank them as their
+"""Benchmark validity (docs/protocols.md section 5): does ranking reward models by benchmark accuracy rank them as their
 downstream quality (best-of-k, GRPO/PPO reward) does?
 
 - Spearman's rho between the two score lists (ties get average ranks).

@@ -1,4 +1,4 @@
-"""Typed configuration of test-time user-based scaling (PROTOCOLS.md section 4): m individual chains per input,
+"""Typed configuration of test-time user-based scaling (docs/protocols.md section 4): m individual chains per input,
 n neighbours found through user prototypes, and their fusion. Pydantic only (``pr-rlhf check`` needs no torch)."""
 from __future__ import annotations
 

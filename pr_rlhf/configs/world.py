@@ -1,21 +1,6 @@
 """Configuration of the synthetic persona world (pydantic only: imports without numpy or torch).
 
-Measured reference accuracies of the default world (seed 0, rendering-independent; held-out = the 1200 val+test
-pairs of the 200 seen users, history = their first 3 train pairs; 95% bootstrap CI), see
-``pr_rlhf.world.reference``:
-
-=========================  ======================
-oracle (Bayes, 3 pairs)    0.818  [0.796, 0.840]
-true user weights          0.951  [0.938, 0.963]
-per-user logistic reg.     0.696  [0.674, 0.719]
-no history (prior only)    0.584  [0.556, 0.611]
-=========================  ======================
-
-Seeds 0-7 of the default give oracle 0.81-0.85, true weights 0.93-0.96, LR 0.67-0.72, no history 0.52-0.59
-(the prior knows which answer style most archetypes lean to, hence above chance). Cold-start users (1 history
-pair, 160 test pairs) at seed 0: oracle 0.700, LR 0.603, no history 0.512, true weights 0.969.
-A prototype of the same design measured oracle 0.826, true weights 0.946, LR 0.664, no history 0.524; with
-fully random response pairs (about half the attributes differ) the oracle is capped near 0.71.
+The default world's measured reference accuracies: docs/measurements.md.
 """
 from __future__ import annotations
 
@@ -36,8 +21,8 @@ class WorldConfig(BaseModel):
     """Every knob of the synthetic persona world. Same config (and seed) -> identical world.
 
     Defaults: 6 attributes, 6 archetypes, 200 seen users (8 history + 2 val + 4 test pairs each), 40 cold-start
-    users (1 history + 4 test pairs each), 3,000 pairs in all; generating it takes about a second.
-    Measured reference accuracies of this default are in the module docstring.
+    users (1 history + 4 test pairs each), 3,000 pairs in all.
+    Its measured reference accuracies: docs/measurements.md.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

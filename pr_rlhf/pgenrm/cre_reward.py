@@ -1,5 +1,5 @@
 """The CRE stage's reward for one generated evaluation chain: R = alpha * PR + beta * OR, or ``format_penalty`` when
-the chain does not parse (PROTOCOLS.md section 4; defaults 0.5 / 1.0 / -0.1).
+the chain does not parse (docs/protocols.md section 4; defaults 0.5 / 1.0 / -0.1).
 
 - OR (outcome): 1 when the chain's final scores prefer the chosen response (a tie prefers neither: 0).
 - PR (process), on the synthetic world exact from the ground truth: how well the chain's criteria cover the

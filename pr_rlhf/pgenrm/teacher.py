@@ -1,6 +1,6 @@
 """PSI training data on real data: a teacher engine (``openai`` for a served strong model, or ``vllm`` / ``hf``)
 writes structured evaluation chains for labelled pairs, and rejection sampling keeps a chain only when it parses
-and its final scores prefer the labelled chosen answer (PROTOCOLS.md section 4). Model output is never trusted:
+and its final scores prefer the labelled chosen answer (docs/protocols.md section 4). Model output is never trusted:
 unparseable chains, ties, wrong choices and engine errors are counted per kind, never raised.
 
 The prompt is the full P-GenRM prompt (``prompts/sec.txt``: history triples, stated preferences) with the chosen

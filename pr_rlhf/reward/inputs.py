@@ -1,7 +1,7 @@
 """What a reward model may see for one pair, built from shard rows, and the blocks that describe the user.
 
-:class:`RMInput` never carries the rubric, the narrative or the record's meta (PROTOCOLS.md section 1): those are
-the evaluation's ground truth. The three input modes of PROTOCOLS.md section 2 map to :func:`user_block`:
+:class:`RMInput` never carries the rubric, the narrative or the record's meta (docs/protocols.md section 1): those are
+the evaluation's ground truth. The three input modes of docs/protocols.md section 2 map to :func:`user_block`:
 ``"none"`` shows nothing about the user, ``"profile"`` the top-k retrieved posts (rendered by
 :func:`render_profile`), ``"plan"`` the planner's aspects as a numbered list.
 """

@@ -1,4 +1,4 @@
-"""Pairwise generative judge (PROTOCOLS.md section 3): seeded slot assignment, prompts, verdict parsing.
+"""Pairwise generative judge (docs/protocols.md section 3): seeded slot assignment, prompts, verdict parsing.
 
 Which slot holds the chosen answer is a seeded coin per pair (:func:`chosen_slot`): a hash of (seed, pair_id), so
 it is stable across runs, machines and batch order, and balanced over pairs. With ``fmt="judge"`` the engine

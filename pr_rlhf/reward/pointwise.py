@@ -1,6 +1,6 @@
 """Pointwise generative judge: the engine rates one answer at a time from 1 to 10 (``Score: N``).
 
-A pair is correct when chosen scores strictly above rejected (PROTOCOLS.md section 3); :class:`PointScores` is
+A pair is correct when chosen scores strictly above rejected (docs/protocols.md section 3); :class:`PointScores` is
 shared with the scalar RM. :func:`parse_score` never raises.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Rubric-based downstream judge (PROTOCOLS.md section 5): a strong LLM grades an answer 0/1/2 per rubric aspect.
+"""Rubric-based downstream judge (docs/protocols.md section 5): a strong LLM grades an answer 0/1/2 per rubric aspect.
 
 Two modes, each one ``engine.generate`` call per batch: ``"all"`` grades every aspect of an answer in one prompt
 (``rubric_judge``: lines ``Aspect i: S``), ``"per_aspect"`` sends one prompt per (answer, aspect) with the question,

@@ -1,4 +1,4 @@
-"""P-GenRM's structured evaluation chain (SEC, PROTOCOLS.md section 4): prompt, parser and writer.
+"""P-GenRM's structured evaluation chain (SEC, docs/protocols.md section 4): prompt, parser and writer.
 
 A chain has four tagged parts (the contract is spelled out in ``prompts/sec.txt``)::
 

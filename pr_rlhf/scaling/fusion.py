@@ -1,4 +1,4 @@
-"""Chain scores of one input and their fusion (PROTOCOLS.md section 4, test-time scaling).
+"""Chain scores of one input and their fusion (docs/protocols.md section 4, test-time scaling).
 
 Model output is never trusted: every sampled chain is parsed, the invalid ones are counted by error kind and left
 out of the mean, and an input with no valid chain on either side gets no scores (a counted failure, never a

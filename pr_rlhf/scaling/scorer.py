@@ -1,4 +1,4 @@
-"""Online test-time user-based scaling of a generative reward model (PROTOCOLS.md section 4).
+"""Online test-time user-based scaling of a generative reward model (docs/protocols.md section 4).
 
 For each input (a user's pair with their history) :class:`ScaledJudge` gathers the *evidence* once for the largest
 (m, n) asked: the single greedy chain (the (0, 0) verdict; its persona text locates the user among the

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # verl's PPO (verl.trainer.main_ppo) with the personalized reward from the pr_rlhf reward service, at the PRB
-# protocol's settings (PROTOCOLS.md section 5): batch 128, max prompt 8192, max response 512, actor lr 5e-7, critic
+# protocol's settings (docs/protocols.md section 5): batch 128, max prompt 8192, max response 512, actor lr 5e-7, critic
 # lr 5e-6, rollout n = 1, temperature 1.0, no KL in the reward, 1 epoch.
 #   1. the data:    pr-rlhf data build --source prb --input PRB_DIR --out data/prb
 #                   pr-rlhf data export-verl --shards data/prb --out data/verl_prb
