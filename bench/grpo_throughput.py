@@ -167,7 +167,7 @@ def run_ours(args: argparse.Namespace) -> dict:
     torch.set_num_threads(THREADS)
     from pr_rlhf.configs.recipe import Recipe
     from pr_rlhf.rl.prompts import PromptItem, prompt_order
-    from workers.controller import RLController
+    from workers.controller import RLController, cpus_needed
     from workers.ray_utils import init_ray, shutdown_local_ray
 
     workdir = Path(args.workdir)
@@ -201,7 +201,7 @@ def run_ours(args: argparse.Namespace) -> dict:
     if args.ray_default_threads:  # what `pr-rlhf train` gets today: Ray sets OMP_NUM_THREADS=floor(num_cpus) or 1
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.pop(var, None)
-    init_ray(None, num_cpus=max(os.cpu_count() or 1, math.ceil(controller.cpus_needed())))
+    init_ray(None, num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_needed(recipe))))
 
     @ray.remote(num_cpus=recipe.train.learner.num_cpus_per_worker)
     def probe_threads() -> int:

@@ -108,8 +108,8 @@ def ensure_world_shards(out: str | Path, world: WorldConfig, embedder: str = "bm
     if manifest_path.is_file():
         built = json.loads(manifest_path.read_text()).get("config", {})
         if built.get("world") != world.model_dump(mode="json"):
-            raise ValueError(f"{out}: holds shards of another world than the recipe's train.data.world; choose "
-                             f"another train.data.shards directory or delete this one")
+            raise ValueError(f"{out}: holds shards of another world than the recipe's; choose another shards "
+                             f"directory for it or delete this one")
         return False
     build_shards(DataConfig(source="synthetic", out=str(out), retrieval={"embedder": embedder}), world)
     if log is not None:

@@ -263,18 +263,14 @@ def run_bon(recipe: Recipe, address: str | None = None, log: Any = print) -> dic
     """`pr-rlhf bon`: the recipe's synthetic world built into the sweep's shards when absent, Ray joined at
     ``address`` (else a local Ray), the sweep (resumed when killed), its metrics in one mlflow run; returns the
     sweep's report (``<bon.out>/bon.md`` holds its tables)."""
-    import os
 
-    from data_pipelines.build import ensure_world_shards
     from pr_rlhf.tracking import make_tracker
-    from workers.ray_utils import init_ray
+    from workers.ray_utils import start_driver
 
     cfg = recipe.bon
     if cfg is None:
         raise ValueError("the recipe has no bon: section")
-    if cfg.world is not None:
-        ensure_world_shards(cfg.shards, cfg.world, log=log)
-    init_ray(address, num_cpus=max(os.cpu_count() or 1, 2))
+    start_driver(address, 2, shards=cfg.shards, world=cfg.world, log=log)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     report = BoNSweep(cfg, seed=recipe.seed, log=log).run()
     with make_tracker(recipe.tracking, cfg.out, f"{recipe.name}/bon", tags={"stage": "bon"}) as tracker:

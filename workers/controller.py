@@ -80,13 +80,6 @@ class RLController:
             reward = reward.model_copy(update={"world": WorldConfig.model_validate(built)})
         return reward
 
-    def cpus_needed(self) -> float:
-        """Logical CPUs the run's actors ask Ray for (a local Ray must offer at least this many)."""
-        cfg = self.cfg
-        learner = cfg.learner.world_size * cfg.learner.num_cpus_per_worker
-        pool = self.recipe.reward.pool
-        return learner + cfg.rollout_workers * cfg.rollout_num_cpus + pool.workers * pool.num_cpus
-
     def start_workers(self) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -253,22 +246,25 @@ class RLController:
             self.shutdown()
 
 
+def cpus_needed(recipe: Recipe) -> float:
+    """Logical CPUs an RL run's actors ask Ray for (a local Ray must offer at least this many)."""
+    cfg, pool = recipe.train, recipe.reward.pool
+    learner = cfg.learner.world_size * cfg.learner.num_cpus_per_worker
+    return learner + cfg.rollout_workers * cfg.rollout_num_cpus + pool.workers * pool.num_cpus
+
+
 def run_rl(recipe: Recipe, address: str | None = None, *, on_step: Callable[[dict], None] | None = None,
            log: Callable[[str], None] = print) -> tuple[RLResult, dict[str, float]]:
     """`pr-rlhf train`: the recipe's synthetic world built into its shards when absent, Ray joined at ``address``
     (else a local Ray), the run; returns its result and the paired held-out rise from the first evaluation to the
     last (:func:`heldout_rise`)."""
     import math
-    import os
 
-    from data_pipelines.build import ensure_world_shards
-    from workers.ray_utils import init_ray
+    from workers.ray_utils import start_driver
 
     cfg = recipe.train
-    if cfg is not None and cfg.data.world is not None:
-        ensure_world_shards(cfg.data.shards, cfg.data.world, log=log)
-    controller = RLController(recipe, on_step=on_step)
-    # A local Ray offers logical CPUs: enough for every actor of the run, even on a 2-core laptop.
-    init_ray(address, num_cpus=max(os.cpu_count() or 1, math.ceil(controller.cpus_needed())))
-    result = controller.run()
+    if cfg is None:
+        raise ValueError("the recipe has no train: section")
+    start_driver(address, math.ceil(cpus_needed(recipe)), shards=cfg.data.shards, world=cfg.data.world, log=log)
+    result = RLController(recipe, on_step=on_step).run()
     return result, heldout_rise(result.evals[0], result.evals[-1])

@@ -394,16 +394,13 @@ def run_pgenrm(recipe: Recipe, stages: list[str] | None = None, address: str | N
     """`pr-rlhf pgenrm`: the recipe's synthetic world built into its shards when absent, Ray joined at ``address``
     (else a local Ray), the stages (all of the recipe's, or ``stages``; raises :class:`StageOrderError`), then the
     ablation report over every complete stage. Returns ``({stage: result}, the ablation report)``."""
-    import os
 
-    from data_pipelines.build import ensure_world_shards
     from pr_rlhf.pgenrm.report import write_ablation_report
-    from workers.ray_utils import init_ray
+    from workers.ray_utils import start_driver
 
     cfg = recipe.pgenrm
     if cfg is None:
         raise ValueError("the recipe has no pgenrm: section")
-    ensure_world_shards(cfg.shards, cfg.world, log=log)
-    init_ray(address, num_cpus=max(os.cpu_count() or 1, 3))
+    start_driver(address, 3, shards=cfg.shards, world=cfg.world, log=log)
     results = PGenRMPipeline(recipe, on_step=on_step, on_event=on_event).run(stages)
     return results, write_ablation_report(cfg.out, title=f"{recipe.name}: P-GenRM ablation", seed=recipe.seed)

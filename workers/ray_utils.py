@@ -176,6 +176,18 @@ def init_ray(address: str | None = None, **local_kwargs: Any) -> LocalRay:
     return _STATE or LocalRay(temp_dir=None, started=False)
 
 
+def start_driver(address: str | None, min_cpus: float, *, shards: str | None = None, world: Any = None,
+                 log: Any = print) -> LocalRay:
+    """What every driver does first: the recipe's synthetic ``world`` built into ``shards`` when absent (no world:
+    the shards are the user's), then Ray joined at ``address``, or a private local Ray offering at least
+    ``min_cpus`` logical CPUs (enough for every actor of the run, even on a 2-core laptop)."""
+    if world is not None:
+        from data_pipelines.build import ensure_world_shards
+
+        ensure_world_shards(shards, world, log=log)
+    return init_ray(address, num_cpus=max(os.cpu_count() or 1, min_cpus))
+
+
 def shutdown_local_ray(remove_temp_dir: bool = True) -> None:
     """Stop the Ray that :func:`init_local_ray` started here (only that one: never ``ray stop``), then remove its
     private temp dir (or, for a caller-given dir, only the ``ray_current_cluster`` marker)."""

@@ -117,24 +117,20 @@ def run_grid(cfg_json: str, seed: int, threads: int) -> dict[str, Any]:
 def run_scaling(recipe: Recipe, address: str | None = None, log: Any = print) -> dict[str, Any]:
     """`pr-rlhf scaling`: the recipe's synthetic world built into its shards when absent, Ray joined at ``address``
     (else a local Ray, unless one is up), the grid as a Ray task, its report, its mlflow run."""
-    import os
 
     import ray
 
-    from data_pipelines.build import ensure_world_shards
     from pr_rlhf.pgenrm.report import world_references
     from pr_rlhf.scaling.grid import GridRow, write_grid_report
     from pr_rlhf.tracking import make_tracker
     from pr_rlhf.world.generator import build_world
     from pr_rlhf.world.reference import reference_accuracies
-    from workers.ray_utils import init_ray
+    from workers.ray_utils import start_driver
 
     cfg = recipe.scaling
     if cfg is None:
         raise ValueError("the recipe has no scaling: section")
-    if cfg.world is not None:
-        ensure_world_shards(cfg.shards, cfg.world, log=log)
-    init_ray(address, num_cpus=max(os.cpu_count() or 1, 2))
+    start_driver(address, 2, shards=cfg.shards, world=cfg.world, log=log)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     task = ray.remote(num_cpus=1)(run_grid)
