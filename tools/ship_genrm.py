@@ -1,5 +1,5 @@
 """Copy a trained P-GenRM stage into the repository as the quickstart's shipped checkpoint, with a manifest that
-records where it came from and the sha256 of every file (tests/test_shipped_genrm.py checks them).
+records where it came from and the sha256 of every file (tests/unit/test_shipped_genrm.py checks them).
 
     python tools/ship_genrm.py runs/pgenrm/curriculum models/pgenrm_tiny \\
         --recipe recipes/pgenrm_pipeline.yaml --command "pr-rlhf pgenrm recipes/pgenrm_pipeline.yaml"

@@ -1,7 +1,7 @@
 """RL algorithm math for pr_rlhf: advantage estimators, policy/value losses, KL estimators (pure torch, no Ray).
 
 Tensors are `[B, T]` over response tokens with a `response_mask` (1 on response tokens); conventions match verl's
-`verl.trainer.ppo.core_algos` (tests/test_algos.py compares against it). Pick implementations by name:
+`verl.trainer.ppo.core_algos` (tests/unit/test_algos.py compares against it). Pick implementations by name:
 
     adv, ret = ADVANTAGE_ESTIMATORS.call(cfg.adv_estimator, token_level_rewards=r, response_mask=m, index=uids,
                                          values=v, gamma=1.0, lam=0.95)

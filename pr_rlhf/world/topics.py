@@ -2,7 +2,7 @@
 
 Every answer sentence here (``advice``, ``examples``, ``reasons``) must trigger *no* attribute detector: the
 attribute realizations are added by the renderer, so a detector that fires on plain content would corrupt the
-ground truth. tests/test_world.py lints all of them.
+ground truth. tests/unit/test_world.py lints all of them.
 """
 from __future__ import annotations
 

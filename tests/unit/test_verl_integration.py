@@ -1,7 +1,7 @@
 """verl integration without GPUs: the export of shards as verl's RL parquet, the reward function's request built
 from an exported row (valid for the service's schema), and every override of recipes/gpu/verl_ppo.sh composed
 against verl's own Hydra config (an unknown or misspelled key fails here, not on the cluster). The reward function
-against a running service, through verl's reward manager, is in tests/test_reward_service.py."""
+against a running service, through verl's reward manager, is in tests/integration/test_reward_service.py."""
 from __future__ import annotations
 
 import shlex
