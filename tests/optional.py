@@ -6,14 +6,21 @@ there a missing one is an installation bug that must fail, not a skip that hides
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from types import ModuleType
 
 import pytest
 
 
-def need(module: str) -> ModuleType:
+def need(module: str, *, load: bool = True) -> ModuleType | None:
+    """The module (``load=False``: only check that it is installed, for a module whose import would change this
+    process, e.g. numba's under vLLM)."""
     try:
+        if not load:
+            if importlib.util.find_spec(module) is None:
+                raise ImportError(f"No module named {module!r}")
+            return None
         return importlib.import_module(module)
     except ImportError as exc:
         if os.environ.get("PR_RLHF_ALL_EXTRAS") == "1":
