@@ -22,7 +22,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup quickstart lint test test-fast clean-venv
+.PHONY: setup quickstart lint test test-fast bench bench-quick clean-venv
 
 setup: $(STAMP)
 
@@ -56,6 +56,15 @@ test: lint
 # Everyday loop: the unit tier only (no Ray, no vLLM; about a minute).
 test-fast: $(STAMP)
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+
+# Every benchmark in sequence at its default size (bench/suite.py; tens of minutes on 2 cores): their BENCH lines
+# into docs/results/bench.{json,md} and the README's benchmark table. bench-quick: each one's --quick form (minutes),
+# into bench/out/quick/ (a check that they run, not figures to quote).
+bench: $(STAMP)
+	$(PY) bench/suite.py
+
+bench-quick: $(STAMP)
+	$(PY) bench/suite.py --quick
 
 clean-venv:
 	rm -rf $(VENV)

@@ -9,10 +9,12 @@
    Their ratio shows what deduplication + caching + one matrix product per user buy over embedding every
    item of every query (higher is better; about 1 means no reuse).
 
-The set comes from the synthetic persona world (``data_pipelines.synthetic``) when it is installed, else from a
-PRB-shaped generator in this file (``--source`` forces either). The LAST line is machine-readable:
+Model: the shipped all-MiniLM-L6-v2. Data: PRB-shaped users from a generator in this file (default; ``--source
+world``: the synthetic persona world of ``data_pipelines.synthetic``, whose posts repeat across users, so its ratio
+is not representative). The LAST line is machine-readable (``bench/common.py``):
 
-    BENCH data_pipeline records_per_s=<x> retrieval_items_per_s=<y> encode_items_per_s=<z> ratio=<y/z>
+    BENCH data_pipeline source=<> users=<> records_per_s=<x> retrieval_items_per_s=<y> encode_items_per_s=<z>
+          config=.. baseline=.. ours=.. ratio=<y/z>
 
 Run: ``.venv/bin/python bench/data_pipeline.py`` (about a minute on 2 cores) or ``--quick`` (seconds).
 """
@@ -20,18 +22,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import random
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from bench import common
 from pr_rlhf.records import Pair, Profile, Query, Rubric, SourceOutput
 
 # --------------------------------------------------------------------------------------------------------------
@@ -199,7 +197,7 @@ def retrieval_vs_encode(out: SourceOutput, inner, sample: list[str], batch_size:
     return stats.items_ranked / retrieval_s, max(before, after), details
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny run (seconds): checks the benchmark works")
     parser.add_argument("--source", choices=("auto", "world", "prb-like"), default="prb-like",
@@ -211,18 +209,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sample", type=int, default=None,
                         help="texts for the bare-encode measurement (default 1000; 100 with --quick)")
     args = parser.parse_args(argv)
-
-    source = args.source
-    if source == "auto":
-        source = "world" if have_world() else "prb-like"
-    elif source == "world" and not have_world():
+    if args.source == "auto":
+        args.source = "world" if have_world() else "prb-like"
+    elif args.source == "world" and not have_world():
         parser.error("data_pipelines.synthetic is not installed; use --source prb-like")
     # Sized for about a minute on 2 cores: world posts are short and repeat (few distinct texts to embed), the
     # generator's are longer and mostly distinct.
-    users = args.users or {("world", False): 1000, ("world", True): 5,
-                           ("prb-like", False): 20, ("prb-like", True): 4}[(source, args.quick)]
-    n_sample = args.sample or (100 if args.quick else 1000)
+    args.users = args.users or {("world", False): 1000, ("world", True): 5,
+                                ("prb-like", False): 20, ("prb-like", True): 4}[(args.source, args.quick)]
+    args.sample = args.sample or (100 if args.quick else 1000)
+    return args
 
+
+def measure(args: argparse.Namespace) -> common.Result:
+    source, users = args.source, args.users
     t0 = time.perf_counter()
     import torch
 
@@ -232,25 +232,38 @@ def main(argv: list[str] | None = None) -> None:
     inner.model  # noqa: B018  (import sentence-transformers and load once, outside every timing)
     out, world = load_records(source, users)
     ranked = texts_ranked(out)
-    sample = ranked[:: max(len(ranked) // n_sample, 1)][:n_sample]  # evenly spread: same length mix as the whole
+    sample = ranked[:: max(len(ranked) // args.sample, 1)][:args.sample]  # evenly spread: the whole's length mix
     encode_rate(inner.model, sample[:64], 64)  # warm-up: the very first forward pass pays one-time setup
-    print(f"setup {time.perf_counter() - t0:.1f}s; source={source}; torch threads {torch.get_num_threads()}",
-          flush=True)
+    data = (f"{users} users of the synthetic persona world (PRB-sized profiles)" if source == "world" else
+            f"{users} PRB-shaped generated users (~100-160 posts each, 1-3 queries per user)")
+    common.header(model="the shipped all-MiniLM-L6-v2 (sentence-transformers)", data=data,
+                  settings=f"setup {time.perf_counter() - t0:.1f}s; torch threads {torch.get_num_threads()}")
 
     with tempfile.TemporaryDirectory(prefix="bench_data_pipeline_") as tmp:
         records, build_s = build(source, users, world, Path(tmp) / "shards")
     records_per_s = records / build_s
     retrieval_per_s, encode_per_s, details = retrieval_vs_encode(out, inner, sample)
+    distinct = details["unique_texts"] / max(details["items_ranked"], 1)
     print(f"records/s (whole shard build incl. MiniLM retrieval): {records_per_s:.1f}")
     print(f"retrieval: {details['items_ranked']} profile items for {details['queries']} queries in "
           f"{details['retrieval_s']:.1f}s (encode {details['encode_s']:.1f}s of {details['unique_texts']} unique "
-          f"texts = {details['unique_texts'] / max(details['items_ranked'], 1):.1%} of items, "
-          f"rank {details['rank_s']:.2f}s) -> {retrieval_per_s:.0f} items/s")
+          f"texts = {distinct:.1%} of items, rank {details['rank_s']:.2f}s) -> {retrieval_per_s:.0f} items/s")
     print(f"bare SentenceTransformer.encode on {len(sample)} of the same texts: "
           f"{' / '.join(f'{r:.0f}' for r in details['encode_runs'])} sentences/s (before / after; best kept)")
-    ratio = retrieval_per_s / encode_per_s
-    print(f"BENCH data_pipeline records_per_s={records_per_s:.2f} retrieval_items_per_s={retrieval_per_s:.2f} "
-          f"encode_items_per_s={encode_per_s:.2f} ratio={ratio:.3f}")
+    return common.Result(
+        "data_pipeline", ratio=retrieval_per_s / encode_per_s,
+        fields={"source": source, "users": users, "records_per_s": records_per_s,
+                "retrieval_items_per_s": retrieval_per_s, "encode_items_per_s": encode_per_s},
+        config=f"{data}, {distinct:.0%} distinct texts; MiniLM; shard build {records_per_s:.1f} records/s incl. "
+               "retrieval",
+        baseline=f"bare SentenceTransformer.encode of the same texts: {encode_per_s:.0f} sentences/s",
+        ours=f"batched retrieval (dedupe + cache + one matrix product per user): {retrieval_per_s:.0f} items "
+             "ranked/s")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    common.run("data_pipeline", lambda: measure(args))
 
 
 if __name__ == "__main__":

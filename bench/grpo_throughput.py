@@ -32,22 +32,19 @@ of each optimizer step, so model loading, trainer construction and accelerate se
 region. TRL skips the separate old-log-prob forward when generation and optimizer steps are aligned (they are).
 
 Each side runs in its own subprocess (Ray is down while TRL runs). Timed region: after one warm-up step, N
-measured steps; completions/s = 64 * N / (their wall seconds). The LAST line is machine-readable:
+measured steps; completions/s = 64 * N / (their wall seconds). Model: the random-init tiny Qwen2s above (built
+locally); data: a 24-user synthetic world's training queries (shards built with BM25 retrieval into a temp dir).
+The LAST line is machine-readable (``bench/common.py``):
 
     BENCH grpo_throughput completions_per_s_ours_tiny=<> completions_per_s_trl_tiny=<> completions_per_s_ours_25m=<>
-          completions_per_s_trl_25m=<> ratio_tiny=<ours/trl at ~1M> ratio=<ours/trl at ~25M>
+          completions_per_s_trl_25m=<> ratio_tiny=<ours/trl at ~1M> ratio_25m=<ours/trl at ~25M>
+          [size_25m=failed:<reason>] config=.. baseline=.. ours=.. ratio=<ours/trl at the largest size measured>
 
-(one line). Run: ``.venv/bin/python bench/grpo_throughput.py`` (N=3, both sizes; about 5 minutes on 2 cores) or
-``--quick`` (N=1, ~1M only, under a minute; the 25m fields are then nan). Per-step phase times are printed for
-both sides (ours: the controller's ``time/*_s`` metrics; TRL: wrappers timing ``_generate`` and
-``_calculate_rewards``, the rest of the step is "train").
+Run: ``.venv/bin/python bench/grpo_throughput.py`` (N=3, both sizes; about 5 minutes on 2 cores) or ``--quick``
+(N=1, ~1M only; the 25m fields are then nan). Per-step phase times are printed for both sides (ours: the
+controller's ``time/*_s`` metrics; TRL: wrappers timing ``_generate`` and ``_calculate_rewards``, the rest of the
+step is "train"). README "Benchmarks" has what made ours faster.
 
-Measured on 2 shared cores (float32, micro-batch 16; run-to-run spread on this machine is large at ~1M):
-~1M: ours 53.2 vs TRL 39.8 completions/s (1.34x); ~25M: ours 6.91 vs TRL 4.23 (1.63x). At ~25M ours spends per
-step rollout 3.4 s, update 5.5 s, weight sync 0.4 s; TRL generate 4.4 s, train 10.7 s. What made the difference:
-the update computes each group's shared prompt once (``learner.shared_prefix``, a packed block-masked forward:
-64 + 8 x 64 tokens per group instead of 8 x 128) and takes the old log-probs from its own forward when it is a
-single on-policy step (as TRL does); before both, the ratio was 0.99-1.26.
 """
 from __future__ import annotations
 
@@ -61,14 +58,12 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import common
+
 THREADS = 2
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = str(THREADS)  # before torch is imported here, and inherited by Ray's processes
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PROMPTS_PER_STEP = 8
 GROUP = 8
@@ -354,7 +349,7 @@ def fmt_phases(phases: dict) -> str:
     return ", ".join(f"{k.removeprefix('time/').removesuffix('_s')} {v:.2f}" for k, v in phases.items())
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3, help="measured steps per side (after 1 warm-up step)")
     parser.add_argument("--quick", action="store_true", help="1 measured step, the ~1M model only")
@@ -366,51 +361,78 @@ def main() -> None:
     parser.add_argument("--side", choices=["ours", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--size", choices=sorted(SIZES), help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.side:
-        result = run_ours(args) if args.side == "ours" else run_trl(args)
-        print("RESULT " + json.dumps(result), flush=True)
-        return
+    args = parser.parse_args(argv)
     if args.quick:
         args.steps = 1
     if (PROMPTS_PER_STEP * GROUP) % args.micro_batch:
         parser.error(f"--micro-batch must divide {PROMPTS_PER_STEP * GROUP}")
+    return args
+
+
+def measure_size(args: argparse.Namespace, size: str, info: dict) -> dict[str, dict]:
+    """Both sides at one model size, one after the other."""
+    print(f"\n[{size}] {model_spec(size)}: {info['params'][size] / 1e6:.2f}M parameters", flush=True)
+    results = {}
+    for side in ("ours", "trl"):
+        load = os.getloadavg()[0]
+        r = results[side] = run_side(args, side, size)
+        extra = (f"threads driver/actor {r['torch_threads_driver']}/{r['torch_threads_actor']}"
+                 if side == "ours" else f"threads {r['torch_threads_driver']}, prompt lengths {r['prompt_lengths']}")
+        print(f"  {side:>4}: {r['completions_per_s']:7.2f} completions/s, {r['tokens_per_s']:8.1f} tokens/s "
+              f"({r['completion_tokens_mean']:.1f} tokens/completion), {r['step_s']:.2f} s/step "
+              f"[setup excluded: {r['setup_s']:.1f} s; {extra}; load avg before {load:.1f}]", flush=True)
+        print(f"        per step (s): {fmt_phases(r['phases'])}", flush=True)
+    ours, trl = results["ours"], results["trl"]
+    print(f"  ratio ours/trl: {ours['completions_per_s'] / trl['completions_per_s']:.2f}x completions/s, "
+          f"{ours['tokens_per_s'] / trl['tokens_per_s']:.2f}x tokens/s", flush=True)
+    return results
+
+
+def measure(args: argparse.Namespace) -> common.Result:
     sizes = ["tiny"] if args.quick else ["tiny", "25m"]
     t_start = time.perf_counter()
+    fields: dict[str, object] = {}
+    results: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
         args.workdir = tmp
         info = prepare(Path(tmp), args.steps + 1, sizes)
-        print(f"workload: {PROMPTS_PER_STEP} prompts x {GROUP} completions per step, prompts {PROMPT_TOKENS} tokens, "
-              f"<= {MAX_NEW_TOKENS} new tokens, {args.steps} measured steps after 1 warm-up, micro-batch "
-              f"{args.micro_batch}, {THREADS} torch threads, our learner strategy {args.strategy!r}")
-        results: dict[str, dict[str, dict]] = {}
-        for size in sizes:
-            print(f"\n[{size}] {model_spec(size)}: {info['params'][size] / 1e6:.2f}M parameters", flush=True)
-            results[size] = {}
-            for side in ("ours", "trl"):
-                load = os.getloadavg()[0]
-                r = run_side(args, side, size)
-                results[size][side] = r
-                extra = (f"threads driver/actor {r['torch_threads_driver']}/{r['torch_threads_actor']}"
-                         if side == "ours" else f"threads {r['torch_threads_driver']}, prompt lengths "
-                         f"{r['prompt_lengths']}")
-                print(f"  {side:>4}: {r['completions_per_s']:7.2f} completions/s, {r['tokens_per_s']:8.1f} tokens/s "
-                      f"({r['completion_tokens_mean']:.1f} tokens/completion), {r['step_s']:.2f} s/step "
-                      f"[setup excluded: {r['setup_s']:.1f} s; {extra}; load avg before {load:.1f}]", flush=True)
-                print(f"        per step (s): {fmt_phases(r['phases'])}", flush=True)
-            ours, trl = results[size]["ours"], results[size]["trl"]
-            print(f"  ratio ours/trl: {ours['completions_per_s'] / trl['completions_per_s']:.2f}x completions/s, "
-                  f"{ours['tokens_per_s'] / trl['tokens_per_s']:.2f}x tokens/s", flush=True)
+        models = ", ".join(f"{s}: random-init Qwen2 of {info['params'][s] / 1e6:.2f}M params" for s in sizes)
+        common.header(model=models,
+                      data=f"training queries of a {WORLD['users']}-user synthetic world, {PROMPTS_PER_STEP} prompts x "
+                           f"{GROUP} completions per step, prompts {PROMPT_TOKENS} tokens, <= {MAX_NEW_TOKENS} new "
+                           "tokens, gold reward",
+                      settings=f"{args.steps} measured steps after 1 warm-up, micro-batch {args.micro_batch}, "
+                               f"{THREADS} torch threads, our learner strategy {args.strategy!r}")
+        results["tiny"] = measure_size(args, "tiny", info)   # the first size is the benchmark's core
+        for size in sizes[1:]:
+            measured = common.optional_part(fields, f"size_{size}", lambda s=size: measure_size(args, s, info))
+            if measured is not None:
+                results[size] = measured
 
     def cps(size: str, side: str) -> float:
         return results[size][side]["completions_per_s"] if size in results else float("nan")
 
-    ratio_tiny = cps("tiny", "ours") / cps("tiny", "trl")
-    ratio = cps("25m", "ours") / cps("25m", "trl")
     print(f"\ntotal wall time {time.perf_counter() - t_start:.0f} s")
-    print(f"BENCH grpo_throughput completions_per_s_ours_tiny={cps('tiny', 'ours'):.3f} "
-          f"completions_per_s_trl_tiny={cps('tiny', 'trl'):.3f} completions_per_s_ours_25m={cps('25m', 'ours'):.3f} "
-          f"completions_per_s_trl_25m={cps('25m', 'trl'):.3f} ratio_tiny={ratio_tiny:.2f} ratio={ratio:.2f}")
+    largest = list(results)[-1]
+    params = info["params"][largest] / 1e6
+    fields = {**{f"completions_per_s_{side}_{size}": cps(size, side) for size in SIZES for side in ("ours", "trl")},
+              **{f"ratio_{size}": cps(size, "ours") / cps(size, "trl") for size in SIZES}, **fields}
+    return common.Result(
+        "grpo_throughput", ratio=cps(largest, "ours") / cps(largest, "trl"), fields=fields,
+        config=f"GRPO step, random-init Qwen2 of {params:.1f}M params, {PROMPTS_PER_STEP} x {GROUP} completions of <= "
+               f"{MAX_NEW_TOKENS} tokens per step, gold reward, {THREADS} threads, setup excluded"
+               + (f"; at ~1M params {fields['ratio_tiny']:.2f}x" if largest != "tiny" else ""),
+        baseline=f"TRL GRPOTrainer: {cps(largest, 'trl'):.2f} completions/s",
+        ours=f"RLController on Ray: {cps(largest, 'ours'):.2f} completions/s")
+
+
+def main() -> None:
+    args = parse_args()
+    if args.side:
+        result = run_ours(args) if args.side == "ours" else run_trl(args)
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+    common.run("grpo_throughput", lambda: measure(args))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Scaling a generative reward model at test time means sampling m evaluation chains for the same input and voting.
 All m chains read the same prompt (the user's history, the query and both responses), so the prompt's forward
 pass can be computed once and its KV cache shared by the m samples. This measures what that saves with the
-project's own ``HFEngine`` and the tiny GenRM the project trains:
+project's own ``HFEngine``:
 
 - ``shared``: one ``generate([prompt], SamplingParams(n=m))`` call with the engine's shared-prefix path on
   (``HFEngine(share_prefix=True)``, the default): one prefill, the cache repeated m times, m rows decoded together;
@@ -14,68 +14,57 @@ project's own ``HFEngine`` and the tiny GenRM the project trains:
   HF ``generate(num_return_sequences=m)`` does; shared vs. copies isolates the prefix sharing itself from the
   batched decoding that both of them have and ``separate`` lacks.
 
-Workload: the prompt the pipeline evaluates (``recipes/pgenrm_pipeline.yaml``'s world, the ``sec_compact`` chat
-prompt): the first seen user's first 3 train pairs as history and their first held-out (val) pair, the chosen
-answer in the slot ``chosen_slot(recipe seed, pair id)`` puts it, as ``pr-rlhf eval`` does. Temperature 1.0,
-top-p 1, the same ``max_tokens`` (320, the pipeline's eval budget; 64 with ``--quick``) and fixed seeds on every
-side. The eos token stops a chain early, so the sides generate different numbers of tokens; the cost compared is
-seconds per 1,000 generated tokens, and ``ratio = separate_s_per_ktok / shared_s_per_ktok`` (higher is better;
-goal >= 3). The ratio of plain wall times is printed as well.
+Model: the shipped P-GenRM ``models/pgenrm_tiny`` (trained by ``recipes/pgenrm_pipeline.yaml``); ``--model``
+points at another one (a model spec or directory). Data: the prompt the pipeline evaluates (that recipe's world,
+the ``sec_compact`` chat prompt): the first seen user's first 3 train pairs as history and their first held-out
+(val) pair, the chosen answer in the slot ``chosen_slot(recipe seed, pair id)`` puts it, as ``pr-rlhf eval``
+does. Temperature 1.0, top-p 1, the same ``max_tokens`` (320, the pipeline's eval budget; 64 with ``--quick``)
+and fixed seeds on every side. The eos token stops a chain early, so the sides generate different numbers of
+tokens; the cost compared is seconds per 1,000 generated tokens, and ``ratio = separate_s_per_ktok /
+shared_s_per_ktok`` (higher is better; goal >= 3). The ratio of plain wall times is printed as well.
 
-Model: the trained GenRM at ``runs/pgenrm/curriculum/model`` when it exists, else ``resolve_model("tiny-genrm")``
-(untrained: its chains are garbage, but what they cost is the same); ``--model`` overrides. Timing: one warm-up
-of each side, then ``--repeats`` rounds (default 3, ``--quick`` 1), the sides interleaved within each round so
-machine noise falls on all of them alike; medians are reported. ``torch.set_num_threads(--threads)`` (default 2).
-Mind the load: with 2 torch threads on 2 cores that another job keeps busy, every multi-threaded op waits on a
-preempted thread; the batched (16-row) calls are hit far harder than the 1-row ones and the numbers are noise
-(measured next to a training job, --quick: 2 threads shared 16.6 s, separate 42.3 s, 2.5x; 1 thread shared
-0.77 s, separate 4.59 s, 6.0x). The header prints the load average; on a busy machine compare with --threads 1.
-The LAST line is machine-readable:
+Then (optional part, ``--grid-pairs 0`` skips it) the wall time of gathering each scaling grid point's evidence
+(``recipes/scaling_grid.yaml``'s points) for the same seen-user pairs, relative to (0, 0): the world's shards are
+built into ``bench/out/scaling_cost/`` by ``data_pipelines.build.ensure_world_shards`` and the n > 0 points' user
+prototypes by ``workers.scaling.build_prototypes`` with this model (both kept there for the next run; ``--quick``:
+a 24-user world of the same kind, 2 pairs, 3 points). Timing: one warm-up of each side, then ``--repeats`` rounds
+(default 3, ``--quick`` 1), the sides interleaved within each round so machine noise falls on all of them alike;
+medians are reported. ``torch.set_num_threads(--threads)`` (default 2). With 2 torch threads on 2 cores that
+another job keeps busy, every multi-threaded op waits on a preempted thread and the batched (16-row) calls suffer
+far more than the 1-row ones: the header prints the load average; on a busy machine compare with --threads 1.
+The LAST line is machine-readable (``bench/common.py``):
 
-    BENCH scaling_cost m=<m> shared_s=<> separate_s=<> shared_s_per_ktok=<> separate_s_per_ktok=<> ratio=<>
+    BENCH scaling_cost m=<m> shared_s=<> separate_s=<> shared_s_per_ktok=<> separate_s_per_ktok=<> wall_ratio=<>
+          copies_over_shared=<> grid=<point:x ...|failed:reason|skipped> config=.. baseline=.. ours=.. ratio=<>
 
-(one line; seconds are per m chains). Run: ``.venv/bin/python bench/scaling_cost.py`` or ``--quick``.
+(seconds are per m chains). Run: ``.venv/bin/python bench/scaling_cost.py`` or ``--quick``.
 """
 from __future__ import annotations
 
 import argparse
-import os
+import hashlib
+import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import common
 
-RECIPE = ROOT / "recipes" / "pgenrm_pipeline.yaml"
-TRAINED_MODEL = ROOT / "runs" / "pgenrm" / "curriculum" / "model"
 HISTORY_PAIRS = 3
+GRID_RECIPE = common.ROOT / "recipes" / "scaling_grid.yaml"
+QUICK_WORLD = {"users": 24, "cold_start_users": 4, "reference_samples": 500}
+QUICK_POINTS = [(0, 0), (2, 0), (2, 2)]
+QUICK_PROTOTYPES = {"k": 2, "candidate_ks": [2, 4]}
+QUICK_REFINE_STEPS = 20
 
 
-def bench_line(m: int, shared_s: float, separate_s: float, shared_s_per_ktok: float,
-               separate_s_per_ktok: float) -> str:
-    """The machine-readable last line; ``ratio`` is the per-token cost of separate requests over shared."""
-    ratio = separate_s_per_ktok / shared_s_per_ktok if shared_s_per_ktok > 0 else float("nan")
-    return (f"BENCH scaling_cost m={m} shared_s={shared_s:.4f} separate_s={separate_s:.4f} "
-            f"shared_s_per_ktok={shared_s_per_ktok:.4f} separate_s_per_ktok={separate_s_per_ktok:.4f} "
-            f"ratio={ratio:.2f}")
-
-
-def pick_model(spec: str | None) -> tuple[str, str]:
-    """(local model directory, how it was chosen)."""
+def resolve(spec: str) -> str:
     import pr_rlhf.pgenrm  # noqa: F401 -- registers tiny-genrm's tokenizer corpus with the model sources
     from pr_rlhf.models.sources import resolve_model
 
-    if spec:
-        return resolve_model(spec), f"--model {spec}"
-    if (TRAINED_MODEL / "config.json").is_file():
-        return str(TRAINED_MODEL), "trained GenRM (runs/pgenrm/curriculum/model)"
-    return resolve_model("tiny-genrm"), "UNTRAINED tiny-genrm (runs/pgenrm/curriculum/model not found)"
+    return resolve_model(spec)
 
 
 def build_prompt() -> tuple[list[dict], str]:
@@ -86,7 +75,7 @@ def build_prompt() -> tuple[list[dict], str]:
     from pr_rlhf.reward.sec import sec_compact_prompt
     from pr_rlhf.world import build_world
 
-    recipe = load_recipe(str(RECIPE))
+    recipe = load_recipe(str(common.PGENRM_RECIPE))
     world = build_world(recipe.pgenrm.world)
     user = world.users[0]
     pair = world.pairs_of(user.user_id, "val")[0]
@@ -96,24 +85,32 @@ def build_prompt() -> tuple[list[dict], str]:
     return sec_compact_prompt(inp, first, second), pair.pair_id
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="model spec or directory (default: the trained GenRM at "
-                                                      "runs/pgenrm/curriculum/model, else tiny-genrm)")
+    parser.add_argument("--model", default=str(common.SHIPPED_GENRM),
+                        help="model spec or directory (default: the shipped P-GenRM models/pgenrm_tiny)")
     parser.add_argument("--m", type=int, default=16, help="chains per input")
     parser.add_argument("--max-tokens", type=int, default=None, help="per chain (default 320, --quick 64)")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 3, --quick 1)")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-copies", action="store_true", help="skip the share_prefix=False diagnostic")
-    parser.add_argument("--quick", action="store_true", help="max_tokens 64, 1 timed round")
-    parser.add_argument("--grid-pairs", type=int, default=8, help="pairs timed at each grid point (0: skip); "
-                        "n > 0 points need the prototypes `pr-rlhf scaling recipes/scaling_grid.yaml` saves")
-    parser.add_argument("--prototypes", default=str(ROOT / "runs" / "scaling" / "prototypes"))
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="m 8, max_tokens 64, 1 timed round, a small grid")
+    parser.add_argument("--grid-pairs", type=int, default=None,
+                        help="seen-user pairs timed at each grid point (default 8, --quick 2; 0: skip the grid)")
+    parser.add_argument("--prototypes", default=None,
+                        help="user prototypes for the n > 0 grid points: loaded when there, built there when not "
+                             "(default: bench/out/scaling_cost/prototypes-<model, world and settings>)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.m = min(args.m, 8)
     args.max_tokens = args.max_tokens or (64 if args.quick else 320)
     args.repeats = args.repeats or (1 if args.quick else 3)
+    args.grid_pairs = (2 if args.quick else 8) if args.grid_pairs is None else args.grid_pairs
+    return args
 
+
+def measure(args: argparse.Namespace) -> common.Result:
     import torch
 
     from pr_rlhf.models.base import SamplingParams
@@ -121,29 +118,28 @@ def main() -> None:
     from pr_rlhf.models.prompting import encode_prompt
 
     torch.set_num_threads(args.threads)
-    model_dir, chosen = pick_model(args.model)
+    model_dir = resolve(args.model)
+    label = common.genrm_label(model_dir)
     engine = HFEngine(model_dir, max_model_len=2048, seed=args.seed, share_prefix=True)
     prompt, pair_id = build_prompt()
     prompt_len = len(encode_prompt(engine.tokenizer, prompt))
     params = {"temperature": 1.0, "top_p": 1.0, "max_tokens": args.max_tokens}
-    print(f"model {model_dir}: {chosen}, {sum(p.numel() for p in engine.model.parameters()) / 1e6:.1f}M params; "
-          f"prompt {pair_id} ({prompt_len} tokens, {HISTORY_PAIRS} history pairs); m={args.m}, "
-          f"max_tokens={args.max_tokens}, temperature 1.0, {args.repeats} timed round(s), "
-          f"{torch.get_num_threads()} torch threads (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
-          f"CPUs); share_prefix default on: {engine.share_prefix}")
+    common.header(model=f"{label}, {sum(p.numel() for p in engine.model.parameters()) / 1e6:.1f}M params",
+                  data=f"{common.PGENRM_RECIPE.relative_to(common.ROOT)}'s world, pair {pair_id} as the sec_compact "
+                       f"prompt ({prompt_len} tokens, {HISTORY_PAIRS} history pairs)",
+                  settings=f"m={args.m}, max_tokens={args.max_tokens}, temperature 1.0, {args.repeats} timed "
+                           f"round(s), {torch.get_num_threads()} torch threads")
 
     def shared() -> list:
         engine.share_prefix = True
-        gen = engine.generate([prompt], SamplingParams(n=args.m, seed=args.seed, **params))[0]
-        return gen.samples
+        return engine.generate([prompt], SamplingParams(n=args.m, seed=args.seed, **params))[0].samples
 
     def copies() -> list:
         engine.share_prefix = False
         try:
-            gen = engine.generate([prompt], SamplingParams(n=args.m, seed=args.seed, **params))[0]
+            return engine.generate([prompt], SamplingParams(n=args.m, seed=args.seed, **params))[0].samples
         finally:
             engine.share_prefix = True
-        return gen.samples
 
     def separate() -> list:
         engine.share_prefix = True   # irrelevant at n=1 (nothing to share), set for clarity
@@ -166,9 +162,8 @@ def main() -> None:
             times[name].append(time.perf_counter() - start)
             tokens[name].append(sum(len(s.token_ids) for s in samples))
             outputs[name] = samples
-            for s in samples:
-                if len(s.token_ids) == 0:
-                    raise RuntimeError(f"{name}: a sample generated no tokens")
+            if any(len(s.token_ids) == 0 for s in samples):
+                raise RuntimeError(f"{name}: a sample generated no tokens")
 
     stats = {}
     for name in sides:
@@ -180,47 +175,82 @@ def main() -> None:
         print(f"{name:>8}: {sec:.3f} s per {args.m} chains ({args.m / sec:.2f} chains/s), {ntok:.0f} generated "
               f"tokens ({ntok / args.m:.0f}/chain, {finished}/{args.m} ended by eos), {per_ktok:.3f} s per 1k tokens"
               f"  [runs: {', '.join(f'{t:.3f}' for t in times[name])}]")
+    (sh_s, sh_k), (se_s, se_k) = stats["shared"], stats["separate"]
+    fields: dict[str, object] = {"model": Path(model_dir).name, "m": args.m, "max_tokens": args.max_tokens,
+                                 "shared_s": sh_s, "separate_s": se_s, "shared_s_per_ktok": sh_k,
+                                 "separate_s_per_ktok": se_k, "wall_ratio": se_s / sh_s}
     if "copies" in outputs:
         same = sum(a.token_ids == b.token_ids for a, b in zip(outputs["shared"], outputs["copies"]))
+        fields["copies_over_shared"] = stats["copies"][1] / sh_k
         print(f"shared vs copies (same seed): {same}/{args.m} chains token-identical; "
-              f"copies/shared per-token cost {stats['copies'][1] / stats['shared'][1]:.2f}x")
-    (sh_s, sh_k), (se_s, se_k) = stats["shared"], stats["separate"]
-    print(f"separate/shared: per-token cost {se_k / sh_k:.2f}x, wall time {se_s / sh_s:.2f}x")
+              f"copies/shared per-token cost {stats['copies'][1] / sh_k:.2f}x")
+    print(f"separate/shared: per-token cost {se_k / sh_k:.2f}x, wall time {se_s / sh_s:.2f}x", flush=True)
     if args.grid_pairs > 0:
-        time_grid_points(engine, args)
-    print(bench_line(args.m, sh_s, se_s, sh_k, se_k))
+        grid = common.optional_part(fields, "grid", lambda: time_grid_points(engine, model_dir, args))
+        if grid is not None:
+            fields["grid"] = " ".join(f"{m},{n}:{x:.1f}x" for (m, n), x in grid.items())
+    else:
+        fields["grid"] = "skipped"
     engine.close()
+    avg_tokens = statistics.median(tokens["shared"]) / args.m
+    return common.Result(
+        "scaling_cost", ratio=se_k / sh_k, fields=fields,
+        config=f"{label}; 1 prompt of {prompt_len} tokens from the pipeline world; m = {args.m} chains of "
+               f"~{avg_tokens:.0f} tokens (max {args.max_tokens}), temperature 1, {args.threads} threads",
+        baseline=f"{args.m} separate requests: {se_s:.2f} s, {se_k:.3f} s per 1k tokens",
+        ours=f"one shared-prefix request (n = {args.m}): {sh_s:.2f} s, {sh_k:.3f} s per 1k tokens")
 
 
-def time_grid_points(engine, args) -> None:
+def digest(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def grid_config(model_dir: str, args: argparse.Namespace):
+    """recipes/scaling_grid.yaml's evaluation with this model, bench-owned shards and prototypes (``--quick``: a
+    24-user world of the same kind, 3 points, 2 prototypes)."""
+    from pr_rlhf.configs.recipe import load_recipe
+
+    cfg = load_recipe(GRID_RECIPE).scaling
+    world = cfg.world.model_copy(update=QUICK_WORLD) if args.quick else cfg.world
+    scaling = cfg.scaling.model_dump()   # its max_tokens (320) builds the prototypes: shorter personas do not parse
+    if args.quick:
+        scaling["prototypes"].update(QUICK_PROTOTYPES)
+        scaling["prototypes"]["refine"]["steps"] = QUICK_REFINE_STEPS
+    model_file = Path(model_dir, "model.safetensors")
+    model_key = [str(Path(model_dir).resolve()), model_file.stat().st_mtime_ns if model_file.is_file() else None]
+    out = common.OUT / "scaling_cost"
+    world_json = world.model_dump(mode="json")
+    scaling["prototypes"]["path"] = args.prototypes or str(out / f"prototypes-{digest(model_key, world_json, scaling)}")
+    shards = str(out / f"shards-{digest(world_json)}")
+    return cfg.model_copy(update={"model": model_dir, "world": world, "shards": shards, "out": str(out),
+                                  "seen_pairs": args.grid_pairs,
+                                  "scaling": type(cfg.scaling).model_validate(scaling),
+                                  "points": QUICK_POINTS if args.quick else cfg.points})
+
+
+def time_grid_points(engine, model_dir: str, args: argparse.Namespace) -> dict[tuple[int, int], float]:
     """Wall time of gathering each grid point's evidence for the same pairs (each point on its own, as a
     deployment that serves that point would), relative to (0, 0): one greedy chain per pair."""
-    from pr_rlhf.configs.recipe import load_recipe
-    from pr_rlhf.configs.scaling import DEFAULT_GRID
+    from data_pipelines.build import ensure_world_shards
     from pr_rlhf.models.embedders import make_embedder
-    from pr_rlhf.scaling.embedding import embedder_name
-    from pr_rlhf.scaling.grid import group_inputs, member_histories
-    from pr_rlhf.scaling.index import PrototypeIndex
+    from pr_rlhf.scaling.grid import group_inputs
     from pr_rlhf.scaling.scorer import ScaledJudge
+    from workers.scaling import build_prototypes
 
-    cfg = load_recipe(ROOT / "recipes" / "scaling_grid.yaml").scaling
-    cfg = cfg.model_copy(update={"seen_pairs": args.grid_pairs})
+    cfg = grid_config(model_dir, args)
+    ensure_world_shards(cfg.shards, cfg.world, log=print)
     inputs = group_inputs(cfg, "seen", 0)
     index = embedder = None
     histories: dict = {}
-    points = list(DEFAULT_GRID)
-    if Path(args.prototypes, "prototypes.json").is_file():
+    if any(n > 0 for _, n in cfg.points):
         embedder = make_embedder(cfg.scaling.prototypes.embedder, cache=False)
-        index = PrototypeIndex.load(args.prototypes, expected_embedder=embedder_name(embedder))
-        histories, _ = member_histories(cfg.shards, cfg.seen_history_pairs)
-    else:
-        points = [p for p in points if p[1] == 0]
-        print(f"no prototypes at {args.prototypes}: timing the n = 0 points only")
+        t0 = time.perf_counter()
+        index, histories, info = build_prototypes(cfg, engine, embedder, args.seed, Path(cfg.out), log=print)
+        print(f"prototypes ({time.perf_counter() - t0:.0f} s, not timed below): {info}", flush=True)
     seconds = {}
-    for m, n in points:
-        judge = ScaledJudge(engine, cfg.scaling.model_copy(update={"m": m, "n": n,
-                                                                  "max_tokens": args.max_tokens}),
-                            index=index, embedder=embedder, histories=histories)
+    for m, n in cfg.points:
+        point = cfg.scaling.model_copy(update={"m": m, "n": n, "max_tokens": args.max_tokens})
+        judge = ScaledJudge(engine, point, index=index, embedder=embedder, histories=histories)
         start = time.perf_counter()
         judge.evidence(inputs)
         seconds[(m, n)] = time.perf_counter() - start
@@ -228,6 +258,12 @@ def time_grid_points(engine, args) -> None:
     print(f"grid points ({len(inputs)} seen-user pairs, max_tokens {args.max_tokens}), wall time relative to (0, 0):")
     for (m, n), sec in seconds.items():
         print(f"  ({m:>2}, {n:>2}): {sec:7.2f} s  {sec / base:5.1f}x")
+    return {point: sec / base for point, sec in seconds.items()}
+
+
+def main() -> None:
+    args = parse_args()
+    common.run("scaling_cost", lambda: measure(args))
 
 
 if __name__ == "__main__":
