@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from pr_rlhf.configs.base import engine_config
-from pr_rlhf.configs.pgenrm import STAGE_PARENT, GRPOStageConfig, PGenRMConfig, SFTStageConfig
+from pr_rlhf.configs.pgenrm import GRPO_STAGES, STAGE_PARENT, GRPOStageConfig, PGenRMConfig, SFTStageConfig
 from pr_rlhf.configs.recipe import EvalConfig, GenerationConfig, Recipe, TrackingConfig, dump_recipe
 from pr_rlhf.configs.rl import RLConfig
 from pr_rlhf.files import atomic_dir, is_complete, mark_complete
@@ -26,7 +26,7 @@ from pr_rlhf.models.prompting import load_tokenizer
 from pr_rlhf.models.sources import resolve_model
 from pr_rlhf.pgenrm.cre_reward import cre_reward
 from pr_rlhf.pgenrm.curriculum import hard_share_at, step_prompts
-from pr_rlhf.pgenrm.psi_data import PSIExample, psi_examples
+from pr_rlhf.pgenrm.psi_data import PSIExample, in_other_order, psi_examples
 from pr_rlhf.rl.prompts import batch_at, sft_example
 from pr_rlhf.stats import mean_ci
 from pr_rlhf.tracking import make_tracker
@@ -35,6 +35,7 @@ from pr_rlhf.world.reference import WorldPrior
 from workers.rl_loop import read_checkpoint, rl_step, sft_steps, sync_weights, write_checkpoint
 
 RESULT = "result.json"
+HEADROOM = "headroom.json"
 EVAL_GROUPS = {"seen": ("val+test", "seen"), "cold": ("test", "cold_start")}
 
 StepCallback = Callable[[str, int, int, dict], None]   # (stage, step done, steps, metrics)
@@ -42,6 +43,30 @@ StepCallback = Callable[[str, int, int, dict], None]   # (stage, step done, step
 
 class StageOrderError(RuntimeError):
     """A stage was asked for before the stage it starts from was complete."""
+
+
+class HeadroomGateError(RuntimeError):
+    """A GRPO stage was asked for while the headroom check says there is nothing for RL to find."""
+
+
+def _run_model_headroom(model_dir: str, world_json: str, history_size: int, group: str, count: int, k: int,
+                        temperature: float, max_tokens: int, max_model_len: int, seed: int, threads: int) -> dict:
+    """The model part of the headroom check on ``count`` seeded held-out prompts of ``group`` (a Ray task)."""
+    import torch
+
+    from pr_rlhf.configs.world import WorldConfig
+    from pr_rlhf.pgenrm.headroom import held_out_items, model_headroom
+    from pr_rlhf.pgenrm.psi_data import is_contested
+
+    torch.set_num_threads(threads)
+    world = build_world(WorldConfig.model_validate_json(world_json))
+    prior = WorldPrior.of(world)
+    items = held_out_items(world, group, history_size)
+    keep = np.sort(np.random.default_rng([seed, 29]).permutation(len(items))[:count])
+    items = [items[i] for i in keep]
+    contested = [is_contested(world, prior, it.pair, it.history) for it in items]
+    return model_headroom(model_dir, world, items, k=k, temperature=temperature, max_tokens=max_tokens,
+                          seed=seed, max_model_len=max_model_len, contested=contested)
 
 
 def _run_eval_json(recipe_json: str, threads: int) -> dict:
@@ -103,15 +128,19 @@ def export_model(state: dict, base_dir: str, out_dir: Path) -> Path:
     return out_dir
 
 
-def hardness_accuracy(predictions: str, world: World, seed: int = 0) -> dict[str, dict]:
-    """Accuracy with a 95% bootstrap CI per pair hardness (standard / hard) from an eval's predictions."""
+def hardness_accuracy(predictions: str, world: World, seed: int = 0,
+                      contested: dict[str, bool] | None = None) -> dict[str, dict]:
+    """Accuracy with a 95% bootstrap CI per pair hardness from an eval's predictions: the world's (standard / hard:
+    differs in one attribute) and, with ``contested`` (pair id -> flag), contested / uncontested pairs."""
     from pr_rlhf.pgenrm.report import correct_by_pair
 
     correct = correct_by_pair(predictions)
-    hardness = {p.pair_id: p.hardness for p in world.pairs}
+    kinds = {p.pair_id: {p.hardness} for p in world.pairs}
+    for pair_id, flag in (contested or {}).items():
+        kinds.setdefault(pair_id, set()).add("contested" if flag else "uncontested")
     out = {}
-    for kind in ("standard", "hard"):
-        values = np.array([c for pair_id, c in correct.items() if hardness.get(pair_id) == kind])
+    for kind in ("standard", "hard", "contested", "uncontested"):
+        values = np.array([c for pair_id, c in correct.items() if kind in kinds.get(pair_id, ())])
         if values.size:
             low, high = mean_ci(values, seed=seed)
             out[kind] = {"accuracy": float(values.mean()), "ci_low": low, "ci_high": high, "n": int(values.size)}
@@ -134,6 +163,8 @@ class PGenRMPipeline:
         self.prior = WorldPrior.of(self.world)
         self.pairs = {p.pair_id: p for p in self.world.pairs}
         self._examples: dict[bool, list[PSIExample]] = {}
+        self._contested: dict[str, bool] | None = None
+        self._tokens: dict[str, dict[int, str]] = {}
 
     # ------------------------------------------------------------------------------------------ layout
     def stage_dir(self, stage: str) -> Path:
@@ -171,6 +202,8 @@ class PGenRMPipeline:
         if not (self.out / REFERENCES_FILE).is_file():
             refs = world_references(self.world, self.cfg.history_size)
             (self.out / REFERENCES_FILE).write_text(json.dumps(refs, indent=1))
+        headroom = self.headroom()
+        self.on_event(f"headroom ({self.cfg.psi.teacher} teacher): {headroom['gate']['verdict']}")
         results: dict[str, dict] = {}
         for stage in stages or list(self.cfg.stages):
             done = self.result(stage)
@@ -181,7 +214,56 @@ class PGenRMPipeline:
             results[stage] = self.run_stage(stage)
         return results
 
+    def headroom(self) -> dict:
+        """The offline headroom check (``<out>/headroom.json``, written once): teacher vs best rule vs Bayes on the
+        evaluation pairs, the gate, and the GRPO pool's expected share of groups with reward variance."""
+        from pr_rlhf.pgenrm.headroom import offline_headroom
+
+        path = self.out / HEADROOM
+        if path.is_file():
+            return json.loads(path.read_text())
+        pool = [(self.pairs[e.pair_id], [self.pairs[h] for h in e.history_ids])
+                for e in self.examples(keep_incorrect=True)]
+        out = offline_headroom(self.world, self.cfg.psi.teacher, self.cfg.history_size, prior=self.prior,
+                               group_size=self.cfg.cre.group_size, pool=pool)
+        path.write_text(json.dumps(out, indent=1))
+        return out
+
+    def check_gate(self, stage: str) -> None:
+        if stage not in GRPO_STAGES or self.cfg.headroom.gate == "off":
+            return
+        verdict = self.headroom()["gate"]
+        if verdict["go"]:
+            return
+        if self.cfg.headroom.gate == "enforce":
+            raise HeadroomGateError(f"stage {stage!r}: {verdict['verdict']} ({self.out / HEADROOM}; set "
+                                    f"pgenrm.headroom.gate: warn to run it anyway)")
+        self.on_event(f"{stage}: runs although the headroom check says {verdict['verdict']}")
+
+    def contested_pairs(self) -> dict[str, bool]:
+        """pair id -> contested, for every evaluation pair (seen and cold-start users, with their own history)."""
+        from pr_rlhf.pgenrm.headroom import EVAL_GROUPS as HELD_OUT
+        from pr_rlhf.pgenrm.headroom import held_out_items
+        from pr_rlhf.pgenrm.psi_data import is_contested
+
+        if self._contested is None:
+            self._contested = {it.pair.pair_id: is_contested(self.world, self.prior, it.pair, it.history)
+                               for group in HELD_OUT for it in held_out_items(self.world, group,
+                                                                              self.cfg.history_size)}
+        return self._contested
+
+    def model_headroom(self, model_dir: str) -> dict:
+        """The model part of the headroom check on seen-user held-out prompts (a Ray task)."""
+        import ray
+
+        hcfg = self.cfg.headroom
+        task = ray.remote(num_cpus=1)(_run_model_headroom)
+        return ray.get(task.remote(model_dir, self.cfg.world.model_dump_json(), self.cfg.history_size, "seen",
+                                   hcfg.prompts, hcfg.k, hcfg.temperature, self.cfg.eval.max_tokens,
+                                   self.cfg.rollout.max_model_len, self.recipe.seed, self.cfg.torch_threads))
+
     def run_stage(self, stage: str) -> dict:
+        self.check_gate(stage)
         start = self.start_model(stage)
         sdir = self.stage_dir(stage)
         sdir.mkdir(parents=True, exist_ok=True)
@@ -209,6 +291,11 @@ class PGenRMPipeline:
                 evals = self.evaluate(stage, model_dir)
                 tracker.log_metrics({f"{g}/{k}": v for g in EVAL_GROUPS for k, v in evals[g]["summary"].items()
                                      if isinstance(v, (int, float)) and not isinstance(v, bool)})
+                if stage == "psi" and self.cfg.headroom.after_psi:
+                    self.on_event(f"{stage}: headroom of {model_dir} (greedy, maj@k, pass@k, decision entropy)")
+                    evals["headroom"] = self.model_headroom(model_dir)
+            if stage in GRPO_STAGES and history and history[-1].get("stopped"):
+                evals["stopped"] = history[-1]["stopped"]
             result = {"stage": stage, "model": model_dir, "train_seconds": train_s,
                       "seconds": time.perf_counter() - t0, **evals}
         (sdir / RESULT).write_text(json.dumps(result, indent=1))
@@ -238,7 +325,8 @@ class PGenRMPipeline:
         for group in ("cold", "seen"):
             res = ray.get(task.remote(self.eval_recipe(stage, model_dir, group).model_dump_json(),
                                       self.cfg.torch_threads))
-            res["hardness"] = hardness_accuracy(res["predictions"], self.world, self.recipe.seed)
+            res["hardness"] = hardness_accuracy(res["predictions"], self.world, self.recipe.seed,
+                                                self.contested_pairs())
             out[group] = res
         return out
 
@@ -248,9 +336,11 @@ class PGenRMPipeline:
         if keep_incorrect not in self._examples:
             examples, stats = psi_examples(self.world, self.cfg.history_size, seed=self.recipe.seed,
                                            keep_incorrect=keep_incorrect, prior=self.prior,
-                                           style=self.cfg.chain_style, history_variants=self.cfg.psi.history_variants)
-            self.on_event(f"{len(examples)} (history, pair) examples from {stats.examples} "
-                          f"({'all' if keep_incorrect else f'oracle chains kept: {stats.kept_share:.0%}'})")
+                                           style=self.cfg.chain_style, history_variants=self.cfg.psi.history_variants,
+                                           teacher=self.cfg.psi.teacher)
+            self.on_event(f"{len(examples)} (history, pair) examples from {stats.examples} ({self.cfg.psi.teacher} "
+                          f"teacher; correct chains: {stats.kept_share:.0%}; "
+                          f"{'no label filter' if keep_incorrect else 'label-filtered'})")
             self._examples[keep_incorrect] = examples
         return self._examples[keep_incorrect]
 
@@ -303,7 +393,7 @@ class PGenRMPipeline:
             learner.shutdown()
 
     def _psi(self, start: str, sdir: Path, tracker: Any) -> tuple[str, list]:
-        examples = [(e.messages, e.target) for e in self.examples(keep_incorrect=False)]
+        examples = [(e.messages, e.target) for e in self.examples(keep_incorrect=not self.cfg.psi.label_filter)]
         return self._sft("psi", start, sdir, tracker, examples, self.cfg.psi)
 
     def _planner(self, start: str, sdir: Path, tracker: Any) -> tuple[str, list]:
@@ -337,17 +427,94 @@ class PGenRMPipeline:
         return [cre_reward(t, example.first_is_chosen, self.world.attribute_names, x1, x2, weights,
                            alpha=scfg.alpha, beta=scfg.beta, format_penalty=scfg.format_penalty) for t in texts]
 
-    def step_rewards(self, items: list[PSIExample], gens: list[Generation], scfg: GRPOStageConfig
-                     ) -> tuple[np.ndarray, dict]:
-        """The GRPO stages' reward function: the CRE reward of every sampled chain, and its outcome / process parts
-        and parse rate."""
-        scored = [r for item, gen in zip(items, gens) for r in self.chain_rewards(item, [s.text for s in gen.samples],
-                                                                                  scfg)]
+    def token_texts(self, model_dir: str, ids: list[int]) -> list[str]:
+        """Each token's text under ``model_dir``'s tokenizer (decoded once per token id)."""
+        cache = self._tokens.setdefault(model_dir, {})
+        missing = [t for t in set(ids) if t not in cache]
+        if missing:
+            tokenizer = load_tokenizer(model_dir)
+            cache.update({t: tokenizer.decode([t]) for t in missing})
+        return [cache[t] for t in ids]
+
+    def step_rewards(self, items: list[PSIExample], gens: list[Generation], scfg: GRPOStageConfig,
+                     model_dir: str | None = None) -> tuple[np.ndarray, dict]:
+        """The GRPO stages' reward function: the CRE reward of every sampled chain, and its outcome / process parts,
+        parse rate, the share of decided chains that prefer the first slot, outcome on contested prompts and (with
+        sampled log-probs) the decision-token entropy: the mean of -log p(sampled token) at the token after
+        ``Type:``, a Monte-Carlo estimate of that token's entropy at temperature 1."""
+        from pr_rlhf.pgenrm.headroom import decision_position
+
+        scored, first_slot, contested_or, fork_nll, fork_nll_contested = [], [], [], [], []
+        for item, gen in zip(items, gens):
+            rewards = self.chain_rewards(item, [s.text for s in gen.samples], scfg)
+            scored += rewards
+            for sample, r in zip(gen.samples, rewards):
+                if r.parsed and r.outcome is not None:
+                    prefers_first = (r.outcome == 1.0) == item.first_is_chosen
+                    decided = r.outcome == 1.0 or self._decided(sample.text)
+                    if decided:
+                        first_slot.append(float(prefers_first))
+                    if item.contested:
+                        contested_or.append(r.outcome)
+                if model_dir and sample.logprobs:
+                    pos = decision_position(self.token_texts(model_dir, sample.token_ids))
+                    if pos is not None and pos < len(sample.logprobs):
+                        fork_nll.append(-sample.logprobs[pos])
+                        if item.contested:
+                            fork_nll_contested.append(-sample.logprobs[pos])
         parsed = [r for r in scored if r.parsed]
-        return np.array([r.reward for r in scored]), {
-            "reward/outcome": float(np.mean([r.outcome for r in parsed])) if parsed else 0.0,
-            "reward/process": float(np.mean([r.process for r in parsed])) if parsed else 0.0,
-            "reward/parse_rate": len(parsed) / len(scored)}
+
+        def mean(values: list) -> float:
+            return float(np.mean(values)) if values else 0.0
+        metrics = {
+            "reward/outcome": mean([r.outcome for r in parsed]),
+            "reward/process": mean([r.process for r in parsed]),
+            "reward/parse_rate": len(parsed) / len(scored),
+            "reward/outcome_contested": mean(contested_or),
+            "data/contested_share": mean([float(e.contested) for e in items]),
+            "decision/first_slot_share": mean(first_slot)}
+        if fork_nll:
+            metrics["decision/entropy_mc"] = mean(fork_nll)
+            metrics["decision/entropy_mc_contested"] = mean(fork_nll_contested)
+        return np.array([r.reward for r in scored]), metrics
+
+    @staticmethod
+    def _decided(text: str) -> bool:
+        """Whether a parsed chain with outcome 0 decided for the rejected answer (not a tie)."""
+        from pr_rlhf.reward.sec import parse_sec
+
+        parsed = parse_sec(text)
+        if not parsed.ok or parsed.value is None:
+            return False
+        f1, f2 = parsed.value.final.get("response_1"), parsed.value.final.get("response_2")
+        return f1 is not None and f2 is not None and f1 != f2
+
+    def grpo_prompts(self, items: list[PSIExample], both_orders: bool, first_group: int = 0
+                     ) -> tuple[list[PSIExample], list[int]]:
+        """The step's prompts and the GRPO group of each: one group per (history, pair), shown in both response
+        orders when ``both_orders`` (half of the group's chains each)."""
+        if not both_orders:
+            return items, list(range(first_group, first_group + len(items)))
+        prompts, groups = [], []
+        for i, item in enumerate(items):
+            prompts += [item, in_other_order(item, self.world)]
+            groups += [first_group + i] * 2
+        return prompts, groups
+
+    @staticmethod
+    def stop_reason(history: list[dict], scfg: GRPOStageConfig) -> str | None:
+        """Why the stage stops now: the KL per token above ``stop_kl`` or the parse rate below ``stop_parse_rate``
+        for the last ``stop_patience`` steps (None: go on)."""
+        recent = history[-scfg.stop_patience:]
+        if len(recent) < scfg.stop_patience:
+            return None
+        kl = [m.get("actor/kl_loss", m.get("train/kl", 0.0)) for m in recent]
+        if scfg.stop_kl is not None and min(kl) > scfg.stop_kl:
+            return f"KL per token {kl[-1]:.4f} > {scfg.stop_kl} for {scfg.stop_patience} steps"
+        rate = [m.get("reward/parse_rate", 1.0) for m in recent]
+        if scfg.stop_parse_rate is not None and max(rate) < scfg.stop_parse_rate:
+            return f"parse rate {rate[-1]:.3f} < {scfg.stop_parse_rate} for {scfg.stop_patience} steps"
+        return None
 
     def _grpo(self, stage: str, start: str, sdir: Path, tracker: Any) -> tuple[str, list]:
         import ray
@@ -356,7 +523,7 @@ class PGenRMPipeline:
 
         scfg = self.cfg.stage_config(stage)
         pool = self.examples(keep_incorrect=True)
-        hard = [e.hardness == "hard" for e in pool]
+        hard = [e.contested if scfg.hard_kind == "contested" else e.hardness == "hard" for e in pool]
         schedule = None if scfg.hard_share_start is None else (scfg.hard_share_start, scfg.hard_share_end,
                                                                scfg.steps)
         learner = self._learner(start, scfg.lr, scfg.temperature, scfg.kl)
@@ -367,20 +534,34 @@ class PGenRMPipeline:
                                          num_gpus=self.cfg.rollout_num_gpus,
                                          env={"OMP_NUM_THREADS": str(self.cfg.torch_threads)})
                     for _ in range(self.cfg.rollout_workers)]
+        rewards = lambda prompts, gens: self.step_rewards(prompts, gens, scfg, start)   # noqa: E731
         try:
             first, history = self._restore(sdir, learner)
             sync_weights(learner, rollouts, first)
             for step in range(first, scfg.steps):
                 items = step_prompts(pool, hard, step, scfg.prompts_per_step, self.recipe.seed, schedule)
-                metrics = rl_step(learner, rollouts, rl_cfg, items,
-                                  lambda prompts, gens: self.step_rewards(prompts, gens, scfg), step, self.recipe.seed)
+                prompts, group_of = self.grpo_prompts(items, scfg.both_orders)
+
+                def refill(rnd: int, count: int, step: int = step) -> tuple[list, list[int]]:
+                    # fresh prompts at the natural mix, seeded by (step, round), group ids after the step's own
+                    more = step_prompts(pool, hard, 10_000 * (rnd + 1) + step, count, self.recipe.seed)
+                    return self.grpo_prompts(more, scfg.both_orders, first_group=len(items) * (rnd + 2))
+                metrics = rl_step(learner, rollouts, rl_cfg, prompts, rewards, step, self.recipe.seed,
+                                  group_of=group_of, refill=refill if scfg.refill_rounds else None,
+                                  refill_rounds=scfg.refill_rounds, logprobs=True)
                 metrics.update({
-                    "data/hard_share": float(np.mean([e.hardness == "hard" for e in items])),
+                    "data/hard_share": float(np.mean([e.contested if scfg.hard_kind == "contested" else
+                                                      e.hardness == "hard" for e in items])),
                     "data/scheduled_hard_share": hard_share_at(step, scfg.steps, *schedule[:2]) if schedule else
                     float(np.mean(hard)),
                 })
                 self._record(stage, sdir, learner, tracker, step, scfg.steps, scfg.checkpoint_every, metrics,
                              history)
+                reason = self.stop_reason(history, scfg)
+                if reason:
+                    history[-1]["stopped"] = f"after step {step + 1}: {reason}"
+                    self.on_event(f"{stage}: stopped {history[-1]['stopped']}")
+                    break
             return self._finish(learner, start, sdir), history
         finally:
             for w in rollouts:

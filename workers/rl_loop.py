@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,15 +121,49 @@ def policy_update(learner: Any, cfg: RLConfig, prompt_ids: list[list[int]], resp
     return metrics, lengths
 
 
-def rl_step(learner: Any, rollouts: list, cfg: RLConfig, prompts: Sequence[Any], reward_fn: RewardFn, step: int,
-            seed: int) -> dict[str, float]:
-    """RL step ``step`` (0-based) on ``prompts`` (anything with ``.messages``): ``cfg.group_size`` samples of each
-    (seeded by ``seed`` and the step), ``reward_fn`` scores them, one update (``policy_update``: GRPO's groups are
-    the prompts), then the new weights go to the rollout engines as version ``step + 1``. Returns the step's
-    metrics: the update's, the reward's (and ``reward_fn``'s own), response lengths, seconds per phase."""
-    timer = Timer()
-    params = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p,
-                            max_tokens=cfg.max_tokens, seed=seed * 1_000_003 + step)
+@dataclass
+class ScoredRollouts:
+    """The samples of one draw of prompts, flattened (prompt by prompt, samples in order), with their rewards."""
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    group: list[int]                  # GRPO group of each sample
+    rewards: np.ndarray
+    metrics: dict[str, float]
+
+    def zero_std_groups(self) -> set[int]:
+        """The groups whose rewards are all equal (they carry no advantage, hence no gradient)."""
+        by_group: dict[int, list[float]] = {}
+        for g, r in zip(self.group, self.rewards.tolist()):
+            by_group.setdefault(g, []).append(r)
+        return {g for g, rs in by_group.items() if max(rs) - min(rs) <= 1e-9}
+
+    def only(self, keep: set[int]) -> ScoredRollouts:
+        idx = [i for i, g in enumerate(self.group) if g in keep]
+        return ScoredRollouts([self.prompt_ids[i] for i in idx], [self.response_ids[i] for i in idx],
+                              [self.group[i] for i in idx], self.rewards[idx], self.metrics)
+
+    @staticmethod
+    def concat(parts: list[ScoredRollouts]) -> ScoredRollouts:
+        return ScoredRollouts([p for s in parts for p in s.prompt_ids], [r for s in parts for r in s.response_ids],
+                              [g for s in parts for g in s.group], np.concatenate([s.rewards for s in parts]),
+                              parts[0].metrics)
+
+
+def samples_per_prompt(cfg: RLConfig, group_of: Sequence[int]) -> int:
+    """``cfg.group_size`` split evenly over the prompts of each group (e.g. a pair in both response orders)."""
+    sizes = set(Counter(group_of).values())
+    if len(sizes) != 1 or cfg.group_size % next(iter(sizes)):
+        raise ValueError(f"every GRPO group needs the same number of prompts dividing group_size "
+                         f"{cfg.group_size}; got {sorted(sizes)} prompts per group")
+    return cfg.group_size // next(iter(sizes))
+
+
+def sample_and_score(rollouts: list, cfg: RLConfig, prompts: Sequence[Any], group_of: Sequence[int],
+                     reward_fn: RewardFn, seed: int, timer: Timer, logprobs: bool = False) -> ScoredRollouts:
+    """Samples of every prompt (``samples_per_prompt``), scored by ``reward_fn``; group ids as ``group_of``."""
+    params = SamplingParams(n=samples_per_prompt(cfg, group_of), temperature=cfg.temperature, top_p=cfg.top_p,
+                            max_tokens=cfg.max_tokens, seed=seed, logprobs=logprobs)
     with timer.phase("rollout"):
         gens = generate_sharded(rollouts, [p.messages for p in prompts], params)
     bad = [g.error for g in gens if g.error]
@@ -138,21 +174,70 @@ def rl_step(learner: Any, rollouts: list, cfg: RLConfig, prompts: Sequence[Any],
         for sample in gen.samples:
             prompt_ids.append(gen.prompt_token_ids)
             response_ids.append(sample.token_ids)
-            group.append(gi)
+            group.append(group_of[gi])
     with timer.phase("reward"):
         rewards, reward_metrics = reward_fn(prompts, gens)
-    metrics, lengths = policy_update(learner, cfg, prompt_ids, response_ids, rewards, group, timer)
+    return ScoredRollouts(prompt_ids, response_ids, group, np.asarray(rewards, dtype=np.float64), reward_metrics)
+
+
+# (refill round, number of groups wanted) -> (prompts, group id of each prompt), group ids unused so far
+RefillFn = Callable[[int, int], tuple[Sequence[Any], Sequence[int]]]
+
+
+def rl_step(learner: Any, rollouts: list, cfg: RLConfig, prompts: Sequence[Any], reward_fn: RewardFn, step: int,
+            seed: int, *, group_of: Sequence[int] | None = None, refill: RefillFn | None = None,
+            refill_rounds: int = 0, logprobs: bool = False) -> dict[str, float]:
+    """RL step ``step`` (0-based) on ``prompts`` (anything with ``.messages``): ``cfg.group_size`` samples per GRPO
+    group (seeded by ``seed`` and the step; ``group_of[i]`` is prompt i's group, default its own: a group of two
+    prompts, e.g. one pair in both response orders, gets half of the samples on each), ``reward_fn`` scores them,
+    one update (``policy_update``), then the new weights go to the rollout engines as version ``step + 1``.
+
+    Dynamic sampling: with ``refill`` and ``refill_rounds > 0``, groups whose rewards are all equal are dropped and
+    up to that many rounds of fresh groups (``refill(round, count)``) are drawn in their place; the reward metrics
+    stay those of the scheduled prompts. Returns the step's metrics: the update's, the reward's (and
+    ``reward_fn``'s own), ``reward/frac_zero_std`` (the share of groups without reward variance), response
+    lengths, seconds per phase."""
+    timer = Timer()
+    group_of = list(range(len(prompts))) if group_of is None else list(group_of)
+    first = sample_and_score(rollouts, cfg, prompts, group_of, reward_fn, seed * 1_000_003 + step, timer, logprobs)
+    zero = first.zero_std_groups()
+    n_groups = len(set(group_of))
+    batch, refilled = first, 0
+    if refill is not None and refill_rounds > 0 and zero:
+        parts = [first.only(set(group_of) - zero)]
+        wanted = len(zero)
+        for rnd in range(refill_rounds):
+            more, more_groups = refill(rnd, wanted)
+            if not more:
+                break
+            part = sample_and_score(rollouts, cfg, more, more_groups, reward_fn,
+                                    (seed * 1_000_003 + step) * 31 + rnd + 1, timer, logprobs)
+            refilled += len(set(more_groups))
+            informative = set(more_groups) - part.zero_std_groups()
+            parts.append(part.only(informative))
+            wanted -= len(informative)
+            if wanted <= 0:
+                break
+        kept = ScoredRollouts.concat(parts)
+        batch = kept if kept.group else first   # nothing informative anywhere: the scheduled batch (KL only)
+    metrics, lengths = policy_update(learner, cfg, batch.prompt_ids, batch.response_ids, batch.rewards,
+                                     batch.group, timer)
     with timer.phase("weight_sync"):
         sync_weights(learner, rollouts, step + 1)
     metrics.update({
         "step": step,
-        "reward/mean": float(rewards.mean()),
-        "reward/std": float(rewards.std()),
-        **reward_metrics,
+        "reward/mean": float(first.rewards.mean()),
+        "reward/std": float(first.rewards.std()),
+        "reward/frac_zero_std": len(zero) / max(n_groups, 1),
+        **first.metrics,
         "rollout/response_tokens_mean": float(lengths.float().mean()),
         "rollout/tokens_per_s": int(lengths.sum()) / max(timer.seconds["rollout"], 1e-9),
         **{f"time/{k}_s": v for k, v in timer.seconds.items()},
     })
+    if refill is not None and refill_rounds > 0:
+        metrics.update({"rollout/refill_groups": float(refilled),
+                        "rollout/update_groups": float(len(set(batch.group))),
+                        "reward/update_mean": float(batch.rewards.mean())})
     return metrics
 
 

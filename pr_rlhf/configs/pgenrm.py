@@ -13,10 +13,12 @@ from pr_rlhf.configs.base import EngineConfig, StrictModel, engine_config
 from pr_rlhf.configs.learner import KLConfig, LearnerConfig
 from pr_rlhf.configs.world import WorldConfig
 
-Stage = Literal["base", "psi", "cre", "curriculum", "cre_no_pr", "cre_no_or", "planner"]
-# Each GenRM stage starts from the model the previous one wrote (base: the initial model, evaluated only).
+Stage = Literal["base", "psi", "cre", "curriculum", "control", "cre_no_pr", "cre_no_or", "planner"]
+# Each GenRM stage starts from the model the previous one wrote (base: the initial model, evaluated only). The
+# control is the curriculum's compute-matched twin: the same further GRPO steps from CRE at the natural mix.
 STAGE_PARENT: dict[str, str | None] = {"base": None, "psi": None, "cre": "psi", "curriculum": "cre",
-                                       "cre_no_pr": "psi", "cre_no_or": "psi", "planner": None}
+                                       "control": "cre", "cre_no_pr": "psi", "cre_no_or": "psi", "planner": None}
+GRPO_STAGES: tuple[str, ...] = ("cre", "curriculum", "control", "cre_no_pr", "cre_no_or")
 MAIN_STAGES: tuple[str, ...] = ("base", "psi", "cre", "curriculum")
 
 
@@ -40,10 +42,17 @@ class SFTStageConfig(StrictModel):
 
 
 class PSIConfig(SFTStageConfig):
-    """PSI: SFT on the oracle teacher's rejection-sampled evaluation chains."""
+    """PSI: SFT on the oracle teacher's evaluation chains."""
 
     history_variants: int = Field(4, ge=1, description="(history, pair) draws per train pair: more distinct "
                                                        "examples from the same users (psi_data.psi_examples)")
+    teacher: Literal["votes", "recent_pair"] = Field(
+        "votes", description="how the vote chain's teacher picks Type: 'votes' (most votes: the best rule the "
+                             "student can read off its prompt) or 'recent_pair' (uniformly among the types agreeing "
+                             "with the most recent history pair: a teacher the student's own context can beat)")
+    label_filter: bool = Field(True, description="keep only chains that prefer the labelled answer (rejection "
+                                                 "sampling). With a stochastic teacher this is itself a policy-"
+                                                 "improvement step that can absorb RL's gain before RL starts")
 
 
 class GRPOStageConfig(StrictModel):
@@ -68,6 +77,19 @@ class GRPOStageConfig(StrictModel):
     hard_share_start: float | None = Field(None, ge=0, le=1, description="curriculum: share of hard-negative "
                                            "prompts at the first step (None: the data's natural mix)")
     hard_share_end: float | None = Field(None, ge=0, le=1, description="curriculum: share at the last step")
+    hard_kind: Literal["one_attribute", "contested"] = Field(
+        "one_attribute", description="which prompts are hard: the world's pairs that differ in one attribute, or "
+                                     "'contested' ones (the types consistent with the evidence disagree: a persona "
+                                     "that fits the history prefers the rejected answer)")
+    both_orders: bool = Field(False, description="half of each group's chains see the pair in order (A, B), half "
+                                                 "in (B, A); one group, one advantage baseline (against slot drift)")
+    refill_rounds: int = Field(0, ge=0, description="dynamic sampling: rounds of fresh prompts drawn to replace "
+                                                    "groups whose rewards are all equal (no gradient)")
+    stop_kl: float | None = Field(None, gt=0, description="stop the stage when the KL to the starting model per "
+                                                          "token exceeds this for `stop_patience` steps")
+    stop_parse_rate: float | None = Field(None, ge=0, le=1, description="stop when the parse rate falls below "
+                                                                        "this for `stop_patience` steps")
+    stop_patience: int = Field(2, ge=1)
     checkpoint_every: int = Field(20, ge=1)
 
     @model_validator(mode="after")
@@ -76,6 +98,8 @@ class GRPOStageConfig(StrictModel):
             raise ValueError("set both hard_share_start and hard_share_end (a curriculum), or neither")
         if self.alpha == 0 and self.beta == 0:
             raise ValueError("alpha and beta are both 0: every chain would get the same reward")
+        if self.both_orders and self.group_size % 2:
+            raise ValueError(f"both_orders splits each group in two halves: group_size {self.group_size} is odd")
         return self
 
 
@@ -100,6 +124,19 @@ class PGenRMEvalConfig(StrictModel):
     max_tokens: int = Field(448, ge=16)
     n_bootstrap: int = Field(1000, ge=10)
     history_pairs: int = Field(3, ge=1)
+
+
+class HeadroomConfig(StrictModel):
+    """The headroom check before RL (pgenrm.headroom): the offline gate, and on the PSI model greedy / maj@k /
+    pass@k, mixed decisions and decision-token entropy."""
+
+    gate: Literal["enforce", "warn", "off"] = Field(
+        "warn", description="'enforce': a GRPO stage is refused while the offline gate says no go; 'warn': it "
+                            "runs and the report says so")
+    prompts: int = Field(200, ge=1, description="held-out seen-user prompts the PSI model is sampled on")
+    k: int = Field(8, ge=2, description="samples per prompt (maj@k, pass@k)")
+    temperature: float = Field(1.0, gt=0, description="the rollout temperature")
+    after_psi: bool = Field(True, description="measure the PSI model as part of the PSI stage")
 
 
 class PGenRMConfig(StrictModel):
@@ -137,7 +174,11 @@ class PGenRMConfig(StrictModel):
     cre: GRPOStageConfig = Field(default_factory=GRPOStageConfig)
     curriculum: GRPOStageConfig = Field(default_factory=lambda: GRPOStageConfig(
         alpha=0.0, hard_share_start=0.33, hard_share_end=0.8))
+    control: GRPOStageConfig | None = Field(
+        None, description="the compute-matched control of the curriculum (default: the curriculum's settings at "
+                          "the natural mix)")
     planner: PlannerStageConfig = Field(default_factory=PlannerStageConfig)
+    headroom: HeadroomConfig = Field(default_factory=HeadroomConfig)
     eval: PGenRMEvalConfig = Field(default_factory=PGenRMEvalConfig)
 
     @model_validator(mode="after")
@@ -154,6 +195,9 @@ class PGenRMConfig(StrictModel):
         """The GRPO settings of a GRPO stage (the ablations are CRE without PR or without OR)."""
         if stage == "curriculum":
             return self.curriculum
+        if stage == "control":
+            return self.control or self.curriculum.model_copy(update={"hard_share_start": None,
+                                                                      "hard_share_end": None})
         if stage == "cre_no_pr":
             return self.cre.model_copy(update={"alpha": 0.0})
         if stage == "cre_no_or":

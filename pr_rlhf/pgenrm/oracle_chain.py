@@ -43,6 +43,10 @@ from pr_rlhf.world.generator import World, WorldPair
 from pr_rlhf.world.reference import WorldPrior
 
 ChainStyle = Literal["full", "compact", "trace", "vote"]
+# How the vote chain's teacher picks ``Type`` (docs/protocols.md section 4): "votes" the type with most votes (the
+# best rule a student can read off its own prompt), "recent_pair" uniformly among the types that agree with the most
+# recent history pair (a teacher that uses less than the student sees: the student's context holds a better rule)
+TeacherRule = Literal["votes", "recent_pair"]
 TYPE_LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 CLEAR_WEIGHT = 0.25   # |posterior-mean weight| above which the persona states a preference
 
@@ -124,14 +128,26 @@ def vote_type(archetypes: np.ndarray, history: list[WorldPair]) -> tuple[list[li
     return agrees, votes, int(np.argmax(votes))
 
 
-def vote_persona(world: World, history: list[WorldPair], x1, x2) -> tuple[str, np.ndarray]:
+def teacher_types(archetypes: np.ndarray, history: list[WorldPair], rule: TeacherRule) -> list[int]:
+    """The types a teacher of ``rule`` draws ``Type`` from, uniformly: the voted type, or the types agreeing with the
+    most recent history pair (every type when none agrees or there is no history)."""
+    agrees, _, voted = vote_type(archetypes, history)
+    if rule == "votes":
+        return [voted]
+    return (agrees[-1] if agrees else []) or list(range(len(archetypes)))
+
+
+def vote_persona(world: World, history: list[WorldPair], x1, x2, type_index: int | None = None
+                 ) -> tuple[str, np.ndarray]:
     """The ``vote`` persona: each transliterated history line followed by the user types it agrees with
     (``Agrees 1: A C``), the votes (``Votes: A2 B0 C1``), the voted ``Type``, then that type's preferred values,
     both responses and who fits (as the trace style). Every step is a copy, a lookup of the line above (which
     types a line's choice agrees with: a function of its differing columns), a count, or a per-type constant.
-    Returns the persona and the voted type's weights (the rubric's)."""
+    ``type_index`` overrides the voted type (a teacher that decides otherwise still writes every line above it).
+    Returns the persona and the chosen type's weights (the rubric's)."""
     names = world.attribute_names
     agrees, votes, k = vote_type(world.archetypes, history)
+    k = k if type_index is None else type_index
     lines = []
     for i, (line, ks) in enumerate(zip(history_lines(names, history), agrees), 1):
         lines += [line, f"Agrees {i}: {' '.join(TYPE_LABELS[j] for j in ks) or 'none'}"]
@@ -167,20 +183,20 @@ def percentages(raw: list[float]) -> list[int]:
 
 
 def oracle_chain(world: World, prior: WorldPrior, pair: WorldPair, history: list[WorldPair],
-                 first_is_chosen: bool, style: ChainStyle = "full") -> OracleChain:
+                 first_is_chosen: bool, style: ChainStyle = "full", type_index: int | None = None) -> OracleChain:
     """The oracle's chain for ``pair`` with ``history``, responses in the given slot order. ``style="compact"``
     names each criterion by its signed attribute token (``+detail``) and leaves reasons out: criteria and scores
     in about half the characters, for small models; its persona also names the weak leanings, so that every
     criterion's direction is stated before the rubric. ``style="trace"``: :func:`trace_persona`, then the rubric
     over every attribute (weights |posterior mean|), scored from the Fit line. ``style="vote"``: :func:`vote_persona`
-    and the same rubric with the voted type's weights."""
+    and the same rubric with the voted type's weights (or type ``type_index``'s: :func:`teacher_types`)."""
     names = world.attribute_names
     hist = np.array([p.differing for p in history]).reshape(-1, len(names))
     mean = prior.posterior_weights(hist) @ prior.samples
     x1, x2 = (pair.x_chosen, pair.x_rejected) if first_is_chosen else (pair.x_rejected, pair.x_chosen)
     every_attribute = style in ("trace", "vote")
     if style == "vote":
-        persona, direction = vote_persona(world, history, x1, x2)
+        persona, direction = vote_persona(world, history, x1, x2, type_index)
     elif style == "trace":
         persona, direction = trace_persona(world, history, mean, x1, x2), mean
     else:

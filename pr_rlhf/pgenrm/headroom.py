@@ -1,0 +1,261 @@
+"""The headroom check that comes before any RL on the GenRM (docs/protocols.md section 4, "headroom first").
+
+Offline, from the world alone, on exactly the pairs the stages are evaluated on:
+
+- the **teacher's** expected accuracy (its ``Type`` drawn uniformly from its candidate types, each candidate's
+  chain decided exactly), the **best rule** available from the student's own inputs (the vote chain's argmax-votes
+  type) and the **Bayes oracle** (the posterior given the same history), overall and on the *contested* pairs
+  (the types consistent with the evidence disagree: ``psi_data.is_contested``), with the share of pairs where the
+  teacher and the rule can decide differently;
+- the same numbers for each alternative design (the vote teacher, the beatable ``recent_pair`` teacher, and the
+  paper-literal *stated* teacher that decides from a stated user type, stale with probability ``stale``), so the
+  report says which setting leaves room;
+- on the GRPO prompt pool (seen users' train pairs): the share of prompts whose group of G teacher-like samples
+  would carry reward variance, 1 - p^G - (1 - p)^G with p the per-prompt chance of a correct chain.
+
+The gate (research discipline): go to RL only when the best available rule beats the teacher by >= 5 points
+overall and >= 20 on the contested pairs, with contested pairs >= 20% of the seen-user evaluation set.
+
+On a trained model (:func:`model_headroom`): greedy accuracy, maj@k and pass@k at the rollout temperature, the
+share of prompts with mixed decisions among their k samples, and the entropy at the decision token (the token after
+``Type:``), overall and on contested prompts.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pr_rlhf.pgenrm.oracle_chain import TeacherRule, oracle_chain, teacher_types, vote_type
+from pr_rlhf.pgenrm.psi_data import is_contested
+from pr_rlhf.world.generator import World, WorldPair
+from pr_rlhf.world.reference import WorldPrior
+
+GATE_OVERALL = 0.05      # the best rule beats the teacher by this much overall ...
+GATE_CONTESTED = 0.20    # ... and by this much on the contested pairs ...
+GATE_CONTESTED_SHARE = 0.20   # ... which are at least this share of the evaluation set
+DECISION_MARKER = "Type:"     # the vote chain's decision: every later line follows from it
+EVAL_GROUPS = {"seen": ("seen", ("val", "test")), "cold": ("cold_start", ("test",))}
+
+
+@dataclass(frozen=True)
+class HeldOutItem:
+    pair: WorldPair
+    history: list[WorldPair]
+
+
+def held_out_items(world: World, group: str, history_size: int) -> list[HeldOutItem]:
+    """The evaluation pairs of ``group`` (seen: val + test of seen users; cold: test of cold-start users), each with
+    the user's first ``history_size`` train pairs as history (the evaluation's own)."""
+    users, splits = EVAL_GROUPS[group]
+    out = []
+    for user in world.users:
+        if user.cold_start != (users == "cold_start"):
+            continue
+        history = world.history(user.user_id, history_size)
+        out += [HeldOutItem(p, history) for p in world.pairs_of(user.user_id) if p.split in splits]
+    return out
+
+
+def type_correct(world: World, prior: WorldPrior, item: HeldOutItem, k: int) -> bool:
+    """Whether the vote chain deciding by type ``k`` prefers the chosen answer (a tie is wrong)."""
+    return oracle_chain(world, prior, item.pair, item.history, True, "vote", type_index=k).correct
+
+
+def teacher_expected(world: World, prior: WorldPrior, item: HeldOutItem, rule: TeacherRule | str,
+                     stale: float = 0.2) -> float:
+    """The expected accuracy on ``item`` of a teacher that draws ``Type`` by ``rule``: "votes", "recent_pair", or
+    "stated" (the user's true type, a uniformly drawn other type with probability ``stale``)."""
+    n_types = len(world.archetypes)
+    if rule == "stated":
+        true = world.user(item.pair.user_id).archetype
+        others = [k for k in range(n_types) if k != true]
+        p_other = stale / len(others) if others else 0.0
+        return (1 - stale if others else 1.0) * type_correct(world, prior, item, true) + \
+            sum(p_other * type_correct(world, prior, item, k) for k in others)
+    candidates = teacher_types(world.archetypes, item.history, rule)   # type: ignore[arg-type]
+    return float(np.mean([type_correct(world, prior, item, k) for k in candidates]))
+
+
+def bayes_score(prior: WorldPrior, item: HeldOutItem) -> float:
+    """1 / 0.5 / 0: the posterior's preference for the chosen answer given the history."""
+    hist = np.array([p.differing for p in item.history]).reshape(-1, len(item.pair.differing))
+    p = float(prior.preference(hist, item.pair.differing[None, :])[0])
+    return 1.0 if p > 0.5 else 0.0 if p < 0.5 else 0.5
+
+
+def _split_means(values: np.ndarray, contested: np.ndarray) -> dict[str, float | None]:
+    def mean(mask: np.ndarray) -> float | None:
+        return float(values[mask].mean()) if mask.any() else None
+    return {"all": mean(np.ones_like(contested)), "contested": mean(contested), "rest": mean(~contested)}
+
+
+def gate(rule: dict, teacher: dict, contested_share: float) -> dict[str, Any]:
+    """The go / no-go for RL from the seen-user numbers, with the reason for each failed condition."""
+    gain_all = rule["all"] - teacher["all"]
+    gain_hard = (rule["contested"] or 0.0) - (teacher["contested"] or 0.0)
+    failed = []
+    if gain_all < GATE_OVERALL:
+        failed.append(f"the best rule beats the teacher by {100 * gain_all:+.1f} points overall "
+                      f"(needs >= {100 * GATE_OVERALL:.0f})")
+    if gain_hard < GATE_CONTESTED:
+        failed.append(f"by {100 * gain_hard:+.1f} on contested pairs (needs >= {100 * GATE_CONTESTED:.0f})")
+    if contested_share < GATE_CONTESTED_SHARE:
+        failed.append(f"contested pairs are {100 * contested_share:.1f}% of the set (needs >= "
+                      f"{100 * GATE_CONTESTED_SHARE:.0f}%)")
+    return {"go": not failed, "rule_minus_teacher": gain_all, "rule_minus_teacher_contested": gain_hard,
+            "contested_share": contested_share, "failed": failed,
+            "verdict": "go: the best available rule leaves room for RL" if not failed else
+            "no go: change the setting first (" + "; ".join(failed) + ")"}
+
+
+def offline_headroom(world: World, teacher: TeacherRule, history_size: int = 3, *, prior: WorldPrior | None = None,
+                     group_size: int = 4, pool: Sequence[tuple[WorldPair, list[WorldPair]]] = (),
+                     stale: float = 0.2) -> dict[str, Any]:
+    """The offline part of the check for the recipe's ``teacher``, with the alternative designs beside it."""
+    prior = prior or WorldPrior.of(world)
+    out: dict[str, Any] = {"teacher": teacher, "designs": {}, "groups": {}}
+    designs: tuple[str, ...] = ("votes", "recent_pair", "stated")
+    for group in EVAL_GROUPS:
+        items = held_out_items(world, group, history_size)
+        if not items:
+            continue
+        contested = np.array([is_contested(world, prior, it.pair, it.history) for it in items])
+        rule = np.array([type_correct(world, prior, it, vote_type(world.archetypes, it.history)[2]) for it in items],
+                        dtype=float)
+        bayes = np.array([bayes_score(prior, it) for it in items])
+        per_design = {d: np.array([teacher_expected(world, prior, it, d, stale) for it in items]) for d in designs}
+        out["groups"][group] = {
+            "pairs": len(items), "contested_share": float(contested.mean()),
+            "best_rule": _split_means(rule, contested), "bayes": _split_means(bayes, contested),
+            "teachers": {d: _split_means(v, contested) for d, v in per_design.items()},
+            # pairs where the teacher can decide otherwise than the best rule (its expected accuracy differs)
+            "teacher_differs_share": {d: float(np.mean(np.abs(v - rule) > 1e-9)) for d, v in per_design.items()},
+        }
+    seen = out["groups"]["seen"]
+    for d in designs:
+        out["designs"][d] = gate(seen["best_rule"], seen["teachers"][d], seen["contested_share"])
+    out["gate"] = out["designs"][teacher]
+    if pool:
+        p = np.array([teacher_expected(world, prior, HeldOutItem(pair, hist), teacher, stale) for pair, hist in pool])
+        mixed = 1 - p ** group_size - (1 - p) ** group_size
+        out["grpo_pool"] = {"prompts": len(p), "group_size": group_size,
+                            "expected_groups_with_variance": float(mixed.mean()),
+                            "teacher_accuracy": float(p.mean())}
+    return out
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# On a trained model
+# -------------------------------------------------------------------------------------------------------------------
+
+def decision_position(token_texts: Sequence[str], marker: str = DECISION_MARKER) -> int | None:
+    """Index of the first token with non-space text after the first ``marker`` in the concatenation of
+    ``token_texts`` (None when the chain has no marker or nothing follows it)."""
+    text, end = "", None
+    for i, piece in enumerate(token_texts):
+        text += piece
+        if end is None and marker in text:
+            end = text.index(marker) + len(marker)
+            rest = text[end:]
+            if rest.strip():
+                return i
+            continue
+        if end is not None and text[end:].strip():
+            return i
+    return None
+
+
+def chain_decision(text: str, first_is_chosen: bool) -> int | None:
+    """1 when the chain prefers the chosen answer, 0 when the rejected one, None when it does not parse or ties."""
+    from pr_rlhf.reward.sec import parse_sec
+
+    parsed = parse_sec(text)
+    if not parsed.ok or parsed.value is None:
+        return None
+    f1, f2 = parsed.value.final.get("response_1"), parsed.value.final.get("response_2")
+    if f1 is None or f2 is None or f1 == f2:
+        return None
+    return int((f1 > f2) == first_is_chosen)
+
+
+def sample_statistics(decisions: Sequence[Sequence[int | None]], greedy: Sequence[int | None]) -> dict[str, float]:
+    """greedy, maj@k (most common valid decision; a tie of votes or no valid sample is wrong), pass@k and the share
+    of prompts whose valid samples hold both decisions."""
+    maj, passed, mixed = [], [], []
+    for ds in decisions:
+        valid = [d for d in ds if d is not None]
+        ones = sum(valid)
+        maj.append(float(ones * 2 > len(valid)))
+        passed.append(float(ones > 0))
+        mixed.append(float(0 < ones < len(valid)))
+    return {"greedy": float(np.mean([g == 1 for g in greedy])), "maj": float(np.mean(maj)),
+            "pass": float(np.mean(passed)), "mixed_share": float(np.mean(mixed)),
+            "invalid_sample_share": float(np.mean([d is None for ds in decisions for d in ds]))}
+
+
+def model_headroom(model_dir: str, world: World, items: Sequence[HeldOutItem], *, k: int = 8,
+                   temperature: float = 1.0, max_tokens: int = 320, seed: int = 0, max_model_len: int = 2048,
+                   contested: Sequence[bool] | None = None) -> dict[str, Any]:
+    """The model part of the check on ``items`` (each prompt in the evaluation's seeded slot order)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pr_rlhf.configs.base import engine_config
+    from pr_rlhf.models import make_engine
+    from pr_rlhf.models.base import SamplingParams
+    from pr_rlhf.models.prompting import load_tokenizer
+    from pr_rlhf.reward.inputs import rm_input
+    from pr_rlhf.reward.judge import chosen_slot
+    from pr_rlhf.reward.sec import sec_compact_prompt
+
+    slots = [chosen_slot(seed, it.pair.pair_id) == "A" for it in items]
+    prompts = []
+    for it, first in zip(items, slots):
+        r1, r2 = (it.pair.chosen, it.pair.rejected) if first else (it.pair.rejected, it.pair.chosen)
+        prompts.append(sec_compact_prompt(rm_input(it.pair, it.history), r1, r2))
+    engine = make_engine(engine_config(backend="hf", model=model_dir, max_model_len=max_model_len))
+    try:
+        greedy = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=seed))
+        sampled = engine.generate(prompts, SamplingParams(n=k, temperature=temperature, max_tokens=max_tokens,
+                                                          seed=seed))
+    finally:
+        engine.close()
+    greedy_dec = [chain_decision(g.samples[0].text, f) if g.ok and g.samples else None
+                  for g, f in zip(greedy, slots)]
+    sample_dec = [[chain_decision(s.text, f) for s in g.samples] if g.ok else [None] * k
+                  for g, f in zip(sampled, slots)]
+
+    tokenizer = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    fork_entropy: list[float | None] = []
+    token_entropy: list[float] = []
+    with torch.no_grad():
+        for g in greedy:
+            if not g.ok or not g.samples or not g.samples[0].token_ids:
+                fork_entropy.append(None)
+                continue
+            response = list(g.samples[0].token_ids)
+            ids = torch.tensor([list(g.prompt_token_ids or []) + response])
+            logits = model(input_ids=ids).logits[0, len(ids[0]) - len(response) - 1:-1].float()
+            ent = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+            token_entropy.append(float(ent.mean()))
+            pos = decision_position([tokenizer.decode([t]) for t in response])
+            fork_entropy.append(None if pos is None else float(ent[pos]))
+    contested_arr = np.array(contested if contested is not None else [False] * len(items), dtype=bool)
+    out: dict[str, Any] = {"prompts": len(items), "k": k, "temperature": temperature,
+                           "contested_share": float(contested_arr.mean()),
+                           "all": sample_statistics(sample_dec, greedy_dec),
+                           "mean_token_entropy": float(np.mean(token_entropy)) if token_entropy else None}
+    for name, mask in (("contested", contested_arr), ("rest", ~contested_arr)):
+        idx = np.flatnonzero(mask)
+        if idx.size:
+            out[name] = sample_statistics([sample_dec[i] for i in idx], [greedy_dec[i] for i in idx])
+    for name, mask in (("all", np.ones_like(contested_arr)), ("contested", contested_arr), ("rest", ~contested_arr)):
+        vals = [fork_entropy[i] for i in np.flatnonzero(mask) if fork_entropy[i] is not None]
+        if name in out:
+            out[name]["decision_entropy"] = float(np.mean(vals)) if vals else None
+            out[name]["decision_found_share"] = len(vals) / max(int(mask.sum()), 1)
+    return out
