@@ -261,7 +261,8 @@ def run_train_stage(recipe: Recipe, address: Optional[str] = None):
 @app.command()
 def pgenrm(recipe: Path = typer.Argument(..., help="recipe YAML with a pgenrm: section"),
            stage: Optional[List[str]] = typer.Option(None, "--stage", help="run only this stage (repeatable): base, "
-                                                     "psi, cre, curriculum, cre_no_pr, cre_no_or"),
+                                                     "psi, cre, curriculum, control, cre_no_pr, "
+                                                     "cre_no_or, planner"),
            overrides: Optional[List[str]] = OverridesOpt,
            out: Optional[Path] = typer.Option(None, "--out", "-o", help="run directory (pgenrm.out)"),
            address: Optional[str] = typer.Option(None, help="Ray address; default: the cluster this job runs in "
@@ -275,11 +276,45 @@ def pgenrm(recipe: Path = typer.Argument(..., help="recipe YAML with a pgenrm: s
     run_pgenrm_stage(resolved, list(stage or []) or None, address)
 
 
+@app.command()
+def headroom(recipe: Path = typer.Argument(..., help="recipe YAML with a pgenrm: section"),
+             model: Optional[Path] = typer.Option(None, "--model", help="also measure this trained GenRM (default: "
+                                                  "the run's PSI model when that stage is complete)"),
+             overrides: Optional[List[str]] = OverridesOpt) -> None:
+    """The headroom check before RL on the GenRM: on the evaluation pairs, the teacher's expected accuracy vs the
+    best rule available from the student's inputs vs the Bayes oracle, per design, and the gate's verdict; on a
+    trained model greedy, maj@k, pass@k, mixed decisions and the entropy at the decision token. Writes
+    <pgenrm.out>/headroom.json (and headroom_model.json with a model)."""
+    from pr_rlhf.files import atomic_write_text, is_complete
+    from pr_rlhf.pgenrm.headroom import headroom_markdown, pipeline_headroom, sampled_model_headroom
+    from pr_rlhf.world.generator import build_world
+
+    resolved = _recipe(recipe, list(overrides or []))
+    cfg = resolved.pgenrm
+    if cfg is None:
+        _fail(f"{recipe}: no pgenrm: section")
+        return
+    world = build_world(cfg.world)
+    offline = pipeline_headroom(cfg, resolved.seed, world)
+    out = Path(cfg.out)
+    atomic_write_text(out / "headroom.json", json.dumps(offline, indent=1))
+    psi_model = out / "psi" / "model"
+    model_dir = model or (psi_model if is_complete(out / "psi") else None)
+    measured = None
+    if model_dir is not None:
+        if not (Path(model_dir) / "config.json").is_file():
+            _fail(f"--model {model_dir}: not a model directory (no config.json)")
+        console.print(f"sampling {cfg.headroom.prompts} prompts x {cfg.headroom.k} chains of {model_dir} ...")
+        measured = sampled_model_headroom(str(model_dir), world, cfg, resolved.seed)
+        atomic_write_text(out / "headroom_model.json", json.dumps({"model": str(model_dir), **measured}, indent=1))
+    typer.echo(headroom_markdown(offline, measured))
+
+
 def run_pgenrm_stage(recipe: Recipe, stages: Optional[List[str]] = None, address: Optional[str] = None):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from pr_rlhf.configs.pgenrm import STAGE_PARENT
-    from workers.pgenrm import StageOrderError, run_pgenrm
+    from workers.pgenrm import HeadroomGateError, StageOrderError, run_pgenrm
 
     cfg = recipe.pgenrm
     for s in stages or []:
@@ -305,7 +340,7 @@ def run_pgenrm_stage(recipe: Recipe, stages: Optional[List[str]] = None, address
         try:
             results, report = run_pgenrm(recipe, stages, address, on_step=on_step,
                                          on_event=lambda msg: progress.console.print(msg), log=console.print)
-        except StageOrderError as exc:
+        except (StageOrderError, HeadroomGateError) as exc:
             _fail(str(exc))
             raise
     print_pgenrm_table(results)

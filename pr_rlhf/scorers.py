@@ -322,7 +322,8 @@ class GenRMScorer(_ModelScorer):
         scaling = self.cfg.scaling
         out: list[Evaluation] = []
         for ev in evidence:
-            d = decide(ev, scaling.m, scaling.n, scaling.self_weight, scaling.neighbour_weight)
+            d = decide(ev, scaling.m, scaling.n, scaling.self_weight, scaling.neighbour_weight,
+                       scaling.certainty_weighting)
             out.append(Evaluation(tuple(d.scores), None) if d.scores is not None else
                        Evaluation(None, "no_valid_chain: " + ", ".join(
                            f"{k} x{v}" for k, v in (ev.greedy.failures + ev.samples.failures).items())))
@@ -369,6 +370,7 @@ def build_scaled_judge(cfg: RewardConfig, engine: Any) -> Any:
     scaling = cfg.scaling
     index = embedder = None
     histories: dict = {}
+    profiles: dict = {}
     if scaling.n > 0:
         from pr_rlhf.models.embedders import make_embedder
         from pr_rlhf.scaling.embedding import embedder_name
@@ -378,9 +380,14 @@ def build_scaled_judge(cfg: RewardConfig, engine: Any) -> Any:
         embedder = make_embedder(scaling.prototypes.embedder, cache=False)
         index = PrototypeIndex.load(scaling.prototypes.path, expected_embedder=embedder_name(embedder))
         histories, _ = member_histories(cfg.scaling_members, scaling.neighbour_history_pairs)
+        if scaling.prototypes.placement == "profile":   # requests are placed by their user's posts in the shards
+            from pr_rlhf.scaling.embedding import profile_vectors
+            from pr_rlhf.scaling.grid import profile_posts
+
+            profiles = profile_vectors(profile_posts(cfg.scaling_members), embedder)
     return ScaledJudge(engine, scaling, seed=cfg.seed, fmt=cfg.sec_format, index=index, embedder=embedder,
                        histories=histories, mode=cfg.input_mode, top_k=cfg.top_k_profile,
-                       use_stated=cfg.use_stated_preferences)
+                       use_stated=cfg.use_stated_preferences, profiles=profiles)
 
 
 def build_scorer(cfg: RewardConfig) -> Scorer:

@@ -20,7 +20,7 @@ from pr_rlhf.configs.base import engine_config
 from pr_rlhf.configs.pgenrm import GRPO_STAGES, STAGE_PARENT, GRPOStageConfig, PGenRMConfig, SFTStageConfig
 from pr_rlhf.configs.recipe import EvalConfig, GenerationConfig, Recipe, TrackingConfig, dump_recipe
 from pr_rlhf.configs.rl import RLConfig
-from pr_rlhf.files import atomic_dir, is_complete, mark_complete
+from pr_rlhf.files import atomic_dir, atomic_write_text, is_complete, mark_complete
 from pr_rlhf.models.base import Generation, SamplingParams
 from pr_rlhf.models.prompting import load_tokenizer
 from pr_rlhf.models.sources import resolve_model
@@ -49,24 +49,15 @@ class HeadroomGateError(RuntimeError):
     """A GRPO stage was asked for while the headroom check says there is nothing for RL to find."""
 
 
-def _run_model_headroom(model_dir: str, world_json: str, history_size: int, group: str, count: int, k: int,
-                        temperature: float, max_tokens: int, max_model_len: int, seed: int, threads: int) -> dict:
-    """The model part of the headroom check on ``count`` seeded held-out prompts of ``group`` (a Ray task)."""
+def _run_model_headroom(model_dir: str, recipe_json: str, threads: int) -> dict:
+    """The model part of the headroom check (a Ray task)."""
     import torch
 
-    from pr_rlhf.configs.world import WorldConfig
-    from pr_rlhf.pgenrm.headroom import held_out_items, model_headroom
-    from pr_rlhf.pgenrm.psi_data import is_contested
+    from pr_rlhf.pgenrm.headroom import sampled_model_headroom
 
     torch.set_num_threads(threads)
-    world = build_world(WorldConfig.model_validate_json(world_json))
-    prior = WorldPrior.of(world)
-    items = held_out_items(world, group, history_size)
-    keep = np.sort(np.random.default_rng([seed, 29]).permutation(len(items))[:count])
-    items = [items[i] for i in keep]
-    contested = [is_contested(world, prior, it.pair, it.history) for it in items]
-    return model_headroom(model_dir, world, items, k=k, temperature=temperature, max_tokens=max_tokens,
-                          seed=seed, max_model_len=max_model_len, contested=contested)
+    recipe = Recipe.model_validate_json(recipe_json)
+    return sampled_model_headroom(model_dir, build_world(recipe.pgenrm.world), recipe.pgenrm, recipe.seed)
 
 
 def _run_eval_json(recipe_json: str, threads: int) -> dict:
@@ -195,7 +186,7 @@ class PGenRMPipeline:
 
     # ------------------------------------------------------------------------------------------ run
     def run(self, stages: list[str] | None = None) -> dict[str, dict]:
-        from pr_rlhf.pgenrm.report import REFERENCES_FILE, world_references
+        from pr_rlhf.pgenrm.report import CONTESTED_FILE, REFERENCES_FILE, world_references
 
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "recipe.yaml").write_text(dump_recipe(self.recipe))
@@ -203,6 +194,8 @@ class PGenRMPipeline:
             refs = world_references(self.world, self.cfg.history_size)
             (self.out / REFERENCES_FILE).write_text(json.dumps(refs, indent=1))
         headroom = self.headroom()
+        if not (self.out / CONTESTED_FILE).is_file():
+            (self.out / CONTESTED_FILE).write_text(json.dumps(self.contested_pairs()))
         self.on_event(f"headroom ({self.cfg.psi.teacher} teacher): {headroom['gate']['verdict']}")
         results: dict[str, dict] = {}
         for stage in stages or list(self.cfg.stages):
@@ -217,16 +210,13 @@ class PGenRMPipeline:
     def headroom(self) -> dict:
         """The offline headroom check (``<out>/headroom.json``, written once): teacher vs best rule vs Bayes on the
         evaluation pairs, the gate, and the GRPO pool's expected share of groups with reward variance."""
-        from pr_rlhf.pgenrm.headroom import offline_headroom
+        from pr_rlhf.pgenrm.headroom import pipeline_headroom
 
         path = self.out / HEADROOM
         if path.is_file():
             return json.loads(path.read_text())
-        pool = [(self.pairs[e.pair_id], [self.pairs[h] for h in e.history_ids])
-                for e in self.examples(keep_incorrect=True)]
-        out = offline_headroom(self.world, self.cfg.psi.teacher, self.cfg.history_size, prior=self.prior,
-                               group_size=self.cfg.cre.group_size, pool=pool)
-        path.write_text(json.dumps(out, indent=1))
+        out = pipeline_headroom(self.cfg, self.recipe.seed, self.world, self.prior, self.examples(keep_incorrect=True))
+        atomic_write_text(path, json.dumps(out, indent=1))
         return out
 
     def check_gate(self, stage: str) -> None:
@@ -256,11 +246,8 @@ class PGenRMPipeline:
         """The model part of the headroom check on seen-user held-out prompts (a Ray task)."""
         import ray
 
-        hcfg = self.cfg.headroom
         task = ray.remote(num_cpus=1)(_run_model_headroom)
-        return ray.get(task.remote(model_dir, self.cfg.world.model_dump_json(), self.cfg.history_size, "seen",
-                                   hcfg.prompts, hcfg.k, hcfg.temperature, self.cfg.eval.max_tokens,
-                                   self.cfg.rollout.max_model_len, self.recipe.seed, self.cfg.torch_threads))
+        return ray.get(task.remote(model_dir, self.recipe.model_dump_json(), self.cfg.torch_threads))
 
     def run_stage(self, stage: str) -> dict:
         self.check_gate(stage)

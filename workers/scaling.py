@@ -23,8 +23,8 @@ def build_prototypes(cfg: ScalingEvalConfig, engine: Any, embedder: Any, seed: i
     train pairs), K-means into k prototypes refined on the users' history triples; loaded instead when the
     artifacts exist for this embedder."""
     from pr_rlhf.scaling.build import build_index
-    from pr_rlhf.scaling.embedding import embed_personas, embedder_name
-    from pr_rlhf.scaling.grid import member_histories
+    from pr_rlhf.scaling.embedding import embed_personas, embedder_name, placement_text, profile_vectors
+    from pr_rlhf.scaling.grid import member_histories, profile_posts
     from pr_rlhf.scaling.index import PrototypeIndex
     from pr_rlhf.scaling.kmeans import explained_variance
     from pr_rlhf.scaling.refine import UserHistory
@@ -39,22 +39,31 @@ def build_prototypes(cfg: ScalingEvalConfig, engine: Any, embedder: Any, seed: i
         index = PrototypeIndex.load(path, expected_embedder=name)
         return index, histories, {"prototypes": str(path), "embedder": index.embedder,
                                   "member_users": len(index.user_ids), "k": index.k, "loaded": True}
-    judge = ScaledJudge(engine, cfg.scaling.model_copy(update={"m": 0, "n": 0}), seed=seed)
-    evidence = judge.evidence(persona_inputs)
-    users = [ev.user_id for ev in evidence if ev.greedy.personas]
-    texts = [ev.greedy.personas[0] for ev in evidence if ev.greedy.personas]
-    log(f"prototypes: {len(users)} of {len(evidence)} member users have a parsed persona")
+    if pcfg.placement == "profile":   # members placed by their posts, as the users looked up will be
+        profiles = profile_vectors(profile_posts(cfg.shards), embedder)
+        users = [ev.user_id for ev in persona_inputs if ev.user_id in profiles]
+        texts = None
+        vectors = np.stack([profiles[u] for u in users]) if users else np.zeros((0, 1), np.float32)
+        log(f"prototypes: {len(users)} of {len(persona_inputs)} member users placed by their profile posts")
+    else:
+        judge = ScaledJudge(engine, cfg.scaling.model_copy(update={"m": 0, "n": 0}), seed=seed)
+        evidence = judge.evidence(persona_inputs)
+        users = [ev.user_id for ev in evidence if ev.greedy.personas]
+        texts = [placement_text(ev.greedy.personas[0], pcfg.placement) for ev in evidence if ev.greedy.personas]
+        log(f"prototypes: {len(users)} of {len(evidence)} member users have a parsed persona ({pcfg.placement})")
+        vectors = embed_personas(texts, embedder) if texts else np.zeros((0, 1), np.float32)
     if len(users) < pcfg.k:
-        raise ValueError(f"only {len(users)} of {len(evidence)} member users have a persona the GenRM's chain "
-                         f"parses, fewer than scaling.prototypes.k={pcfg.k}: is {cfg.model} a trained GenRM?")
-    vectors = embed_personas(texts, embedder)
+        raise ValueError(f"only {len(users)} of {len(persona_inputs)} member users can be placed "
+                         f"({pcfg.placement}), fewer than scaling.prototypes.k={pcfg.k}: is {cfg.model} a trained "
+                         f"GenRM?")
     variance = explained_variance(vectors, pcfg.candidate_ks, seed=seed)
     refine = None
     user_histories = None
     if pcfg.refine.steps > 0:
         refine = pcfg.refine.model_copy(update={"seed": seed})
         user_histories = user_history_embeddings(users, histories, embedder, UserHistory)
-    index = build_index(users, texts, embedder, pcfg.k, seed, histories=user_histories, refine_cfg=refine)
+    index = build_index(users, texts, embedder, pcfg.k, seed, histories=user_histories, refine_cfg=refine,
+                        vectors=vectors if texts is None else None, placement=pcfg.placement)
     index.save(path)
     info = {"prototypes": str(path), "embedder": index.embedder, "member_users": len(users), "k": pcfg.k,
             "explained_variance": {str(k): round(v, 4) for k, v in variance.items()}}
@@ -97,8 +106,14 @@ def run_grid(cfg_json: str, seed: int, threads: int) -> dict[str, Any]:
     index, histories, info = build_prototypes(cfg, engine, embedder, seed, out, log=tqdm.write) if big_n > 0 \
         else (None, {}, {})
     info["prototype_seconds"] = round(time.perf_counter() - t0, 1)
+    profiles = {}
+    if big_n > 0 and cfg.scaling.prototypes.placement == "profile":
+        from pr_rlhf.scaling.embedding import profile_vectors
+        from pr_rlhf.scaling.grid import profile_posts
+
+        profiles = profile_vectors(profile_posts(cfg.shards), embedder)
     judge = ScaledJudge(engine, cfg.scaling.model_copy(update={"m": big_m, "n": big_n}), seed=seed,
-                        index=index, embedder=embedder, histories=histories)
+                        index=index, embedder=embedder, histories=histories, profiles=profiles)
     rows, failures, seconds = [], {}, {}
     for group in GROUPS:
         inputs = group_inputs(cfg, group, seed)
@@ -109,8 +124,10 @@ def run_grid(cfg_json: str, seed: int, threads: int) -> dict[str, Any]:
         seconds[group] = round(time.perf_counter() - t0, 1)
         failures[group] = failure_counts(evidence)
         rows += grid_rows(group, evidence, cfg.points, cfg.scaling.self_weight, cfg.scaling.neighbour_weight,
-                          cfg.n_bootstrap, seed)
+                          cfg.n_bootstrap, seed, cfg.scaling.certainty_weighting)
     engine.close()
+    info.update({"placement": cfg.scaling.prototypes.placement,
+                 "certainty_weighting": cfg.scaling.certainty_weighting})
     return {"rows": [r.as_dict() for r in rows], "failures": failures, "seconds": seconds, **info}
 
 

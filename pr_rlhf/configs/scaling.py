@@ -3,7 +3,7 @@ n neighbours found through user prototypes, and their fusion. Pydantic only (``p
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -41,6 +41,11 @@ class PrototypeConfig(StrictModel):
     k: int = Field(8, ge=1, description="prototypes (K-means clusters); `pr-rlhf scaling` reports the explained "
                                         "variance of candidate_ks to choose it")
     candidate_ks: list[int] = Field(default_factory=lambda: [2, 4, 8, 16, 32])
+    placement: Literal["persona", "conclusion", "profile"] = Field(
+        "persona", description="what places a user among the prototypes: 'persona' (the chain's whole persona "
+                               "text), 'conclusion' (only what it concludes: its Type / Prefers lines, not the "
+                               "transliterated evidence), 'profile' (the mean embedding of the user's profile "
+                               "posts: informative where the history is one pair; `pr-rlhf scaling` only)")
     embedder: str = Field("minilm", description="'minilm' (shipped) or a local encoder folder (e.g. a saved "
                                                 "Qwen3-Embedding)")
     refine: RefineConfig = Field(default_factory=RefineConfig, description="refinement (steps 0: the K-means "
@@ -77,6 +82,9 @@ class ScalingConfig(StrictModel):
     self_weight: float = Field(0.5, ge=0)
     neighbour_weight: float = Field(0.5, ge=0)
     neighbour_history_pairs: int = Field(3, ge=1, description="history pairs of each neighbour in its prompt")
+    certainty_weighting: bool = Field(False, description="scale the neighbours' weight by 1 - c, c in [0, 1] how "
+                                                         "much the user's own m chains agree (|2 share - 1|): "
+                                                         "neighbours speak where the user's own chains disagree")
     max_tokens: int = Field(320, ge=16)
     prototypes: PrototypeConfig = Field(default_factory=PrototypeConfig)
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from pr_rlhf.configs.pgenrm import PGenRMConfig
 from pr_rlhf.pgenrm.oracle_chain import TeacherRule, oracle_chain, teacher_types, vote_type
 from pr_rlhf.pgenrm.psi_data import is_contested
 from pr_rlhf.world.generator import World, WorldPair
@@ -259,3 +260,84 @@ def model_headroom(model_dir: str, world: World, items: Sequence[HeldOutItem], *
             out[name]["decision_entropy"] = float(np.mean(vals)) if vals else None
             out[name]["decision_found_share"] = len(vals) / max(int(mask.sum()), 1)
     return out
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Report
+# -------------------------------------------------------------------------------------------------------------------
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}"
+
+
+def headroom_markdown(offline: dict[str, Any], model: dict[str, Any] | None = None) -> str:
+    """The headroom check as markdown: the offline designs per group, the gate's verdict, and the model part."""
+    lines = [f"### Headroom (teacher: {offline['teacher']})", "",
+             f"**Gate: {offline['gate']['verdict']}.**", "",
+             "| pairs | design | teacher % | best rule (votes) % | Bayes % | teacher on contested | rule on contested "
+             "| Bayes on contested | contested share | teacher may differ from rule | gate |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for group, g in offline["groups"].items():
+        for design, t in g["teachers"].items():
+            verdict = offline["designs"][design]["go"] if group == "seen" else None
+            lines.append(f"| {group} ({g['pairs']}) | {design} | {_pct(t['all'])} | {_pct(g['best_rule']['all'])} | "
+                         f"{_pct(g['bayes']['all'])} | {_pct(t['contested'])} | {_pct(g['best_rule']['contested'])} | "
+                         f"{_pct(g['bayes']['contested'])} | {_pct(g['contested_share'])} | "
+                         f"{_pct(g['teacher_differs_share'][design])} | "
+                         f"{'' if verdict is None else 'go' if verdict else 'no go'} |")
+    pool = offline.get("grpo_pool")
+    if pool:
+        lines += ["", f"GRPO prompt pool: {pool['prompts']} prompts; the teacher's own accuracy there "
+                      f"{_pct(pool['teacher_accuracy'])}%; expected share of groups of {pool['group_size']} with "
+                      f"reward variance under a teacher-like policy: {_pct(pool['expected_groups_with_variance'])}%."]
+    if model:
+        lines += ["", f"**On the model** ({model['prompts']} held-out seen-user prompts, {model['k']} samples at "
+                      f"temperature {model['temperature']}; contested share {_pct(model['contested_share'])}%):", "",
+                  f"| prompts | greedy % | maj@{model['k']} % | pass@{model['k']} % | mixed decisions % | "
+                  "invalid samples % | decision-token entropy (nats) |", "|---|---|---|---|---|---|---|"]
+        for part in ("all", "contested", "rest"):
+            m = model.get(part)
+            if m:
+                ent = m.get("decision_entropy")
+                lines.append(f"| {part} | {_pct(m['greedy'])} | {_pct(m['maj'])} | {_pct(m['pass'])} | "
+                             f"{_pct(m['mixed_share'])} | {_pct(m['invalid_sample_share'])} | "
+                             f"{'-' if ent is None else f'{ent:.3f}'} |")
+        if model.get("mean_token_entropy") is not None:
+            lines.append(f"\nMean per-token entropy of the greedy chains: {model['mean_token_entropy']:.4f} nats.")
+    return "\n".join(lines) + "\n"
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# For a pipeline recipe
+# -------------------------------------------------------------------------------------------------------------------
+
+def pipeline_headroom(cfg: PGenRMConfig, seed: int, world: World | None = None, prior: WorldPrior | None = None,
+                      examples: Sequence[Any] | None = None) -> dict[str, Any]:
+    """The offline check of a ``pgenrm:`` recipe section: its world, teacher and history size, and its GRPO pool
+    (every (history, pair) example of the seen users' train pairs; ``examples`` when already built)."""
+    from pr_rlhf.pgenrm.psi_data import psi_examples
+    from pr_rlhf.world.generator import build_world
+
+    world = world or build_world(cfg.world)
+    prior = prior or WorldPrior.of(world)
+    if examples is None:
+        examples, _ = psi_examples(world, cfg.history_size, seed=seed, keep_incorrect=True, prior=prior,
+                                   style=cfg.chain_style, history_variants=cfg.psi.history_variants,
+                                   teacher=cfg.psi.teacher)
+    by_id = {p.pair_id: p for p in world.pairs}
+    pool = [(by_id[e.pair_id], [by_id[h] for h in e.history_ids]) for e in examples]
+    return offline_headroom(world, cfg.psi.teacher, cfg.history_size, prior=prior, group_size=cfg.cre.group_size,
+                            pool=pool)
+
+
+def sampled_model_headroom(model_dir: str, world: World, cfg: PGenRMConfig, seed: int,
+                           prior: WorldPrior | None = None) -> dict[str, Any]:
+    """:func:`model_headroom` on ``cfg.headroom.prompts`` seeded held-out seen-user prompts."""
+    prior = prior or WorldPrior.of(world)
+    items = held_out_items(world, "seen", cfg.history_size)
+    keep = np.sort(np.random.default_rng([seed, 29]).permutation(len(items))[:cfg.headroom.prompts])
+    items = [items[i] for i in keep]
+    contested = [is_contested(world, prior, it.pair, it.history) for it in items]
+    return model_headroom(model_dir, world, items, k=cfg.headroom.k, temperature=cfg.headroom.temperature,
+                          max_tokens=cfg.eval.max_tokens, seed=seed, max_model_len=cfg.rollout.max_model_len,
+                          contested=contested)

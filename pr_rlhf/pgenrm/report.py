@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # (stage, paper's row name, the stage it builds on)
 ROWS: tuple[tuple[str, str, str | None], ...] = (
     ("curriculum", "full (PSI + CRE + curriculum)", "cre"),
+    ("control", "compute-matched control (CRE + the same steps at the natural mix)", "cre"),
     ("cre", "w/o curriculum", "psi"),
     ("cre_no_pr", "w/o curriculum, PR", "psi"),
     ("cre_no_or", "w/o curriculum, OR", "psi"),
@@ -36,6 +37,10 @@ ROWS: tuple[tuple[str, str, str | None], ...] = (
 )
 GROUPS = ("seen", "cold")
 REFERENCES_FILE = "references.json"
+CONTESTED_FILE = "contested.json"   # pair id -> whether the types consistent with the evidence disagree
+HEADROOM_FILE = "headroom.json"
+# (stage, baseline): paired comparisons reported beside the rows
+COMPARISONS: tuple[tuple[str, str], ...] = (("cre", "psi"), ("curriculum", "control"), ("curriculum", "cre"))
 
 
 @dataclass
@@ -62,12 +67,17 @@ def stage_predictions(run_dir: Path, stage: str, group: str, recorded: str) -> s
     return str(local) if local.is_file() else recorded
 
 
-def paired_gain(new: dict[str, float], old: dict[str, float], seed: int = 0) -> dict[str, float]:
-    """Mean over the shared pairs of (new correct - old correct), with a 95% bootstrap CI over pairs."""
-    shared = sorted(set(new) & set(old))
+def paired_gain(new: dict[str, float], old: dict[str, float], seed: int = 0,
+                only: set[str] | None = None) -> dict[str, float]:
+    """Mean over the shared pairs (those in ``only`` when given) of (new correct - old correct), with a 95%
+    bootstrap CI over pairs, and the number of pairs whose verdict changed."""
+    shared = sorted((set(new) & set(old)) if only is None else (set(new) & set(old) & only))
+    if not shared:
+        return {"gain": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "pairs": 0, "changed": 0}
     gain, low, high = paired_difference_ci(np.array([new[p] for p in shared]), np.array([old[p] for p in shared]),
                                            seed=seed)
-    return {"gain": gain, "ci_low": low, "ci_high": high, "pairs": len(shared)}
+    return {"gain": gain, "ci_low": low, "ci_high": high, "pairs": len(shared),
+            "changed": int(sum(new[p] != old[p] for p in shared))}
 
 
 def world_references(world, history_size: int = 3) -> dict[str, dict]:
@@ -84,14 +94,48 @@ def _normalized(acc: float, oracle: float | None) -> float | None:
     return None if oracle is None or oracle <= 0.5 else (acc - 0.5) / (oracle - 0.5)
 
 
-def collect(run_dir: str | Path, seed: int = 0) -> list[dict]:
-    """One row per complete stage found in ``run_dir`` (in the paper's order)."""
-    run_dir = Path(run_dir)
+def complete_results(run_dir: Path) -> dict[str, dict]:
     results = {}
     for stage, _, _ in ROWS:
         path = run_dir / stage / "result.json"
         if is_complete(run_dir / stage) and path.is_file():
             results[stage] = json.loads(path.read_text())
+    return results
+
+
+def contested_split(run_dir: Path) -> dict[str, set[str]]:
+    """{"contested": pair ids, "rest": pair ids} from the run's ``contested.json`` ({} when absent)."""
+    path = run_dir / CONTESTED_FILE
+    if not path.is_file():
+        return {}
+    flags = json.loads(path.read_text())
+    return {"contested": {p for p, f in flags.items() if f}, "rest": {p for p, f in flags.items() if not f}}
+
+
+def comparisons(run_dir: str | Path, seed: int = 0) -> list[dict]:
+    """The paired comparisons of :data:`COMPARISONS` whose two stages are complete: per group, all pairs and the
+    contested / other pairs."""
+    run_dir = Path(run_dir)
+    results = complete_results(run_dir)
+    split = contested_split(run_dir)
+    out = []
+    for new, old in COMPARISONS:
+        if new not in results or old not in results:
+            continue
+        row: dict = {"stage": new, "baseline": old}
+        for group in GROUPS:
+            a = correct_by_pair(stage_predictions(run_dir, new, group, results[new][group]["predictions"]))
+            b = correct_by_pair(stage_predictions(run_dir, old, group, results[old][group]["predictions"]))
+            row[group] = {"all": paired_gain(a, b, seed),
+                          **{name: paired_gain(a, b, seed, only=ids) for name, ids in split.items()}}
+        out.append(row)
+    return out
+
+
+def collect(run_dir: str | Path, seed: int = 0) -> list[dict]:
+    """One row per complete stage found in ``run_dir`` (in the paper's order)."""
+    run_dir = Path(run_dir)
+    results = complete_results(run_dir)
     rows = []
     for stage, label, parent in ROWS:
         if stage not in results:
@@ -104,12 +148,14 @@ def collect(run_dir: str | Path, seed: int = 0) -> list[dict]:
             # what a deployment that flips a coin on an unparsed chain or a tie would score
             cell["coin_flip_accuracy"] = s["accuracy"] + 0.5 * (s["failure_rate"] + s.get("tie_rate", 0.0))
             cell["hard"] = res[group].get("hardness", {}).get("hard")
+            cell["contested"] = res[group].get("hardness", {}).get("contested")
             if row["parent"]:
                 new = stage_predictions(run_dir, stage, group, res[group]["predictions"])
                 old = stage_predictions(run_dir, parent, group, results[parent][group]["predictions"])
                 cell["gain"] = paired_gain(correct_by_pair(new), correct_by_pair(old), seed)
             row[group] = cell
         row["train_seconds"] = res.get("train_seconds", 0.0)
+        row["stopped"] = res.get("stopped")
         rows.append(row)
     return rows
 
@@ -131,16 +177,19 @@ def _gain(c: dict) -> str:
 
 def markdown(rows: list[dict], refs: dict[str, dict], title: str) -> str:
     lines = [f"## {title}", "",
-             "| model | seen users: acc % [95% CI] | gain vs parent (paired) | hard pairs | cold-start users | "
-             "gain vs parent (paired) | (acc-50)/(oracle-50) seen | parse failures seen / cold | unparsed as coin "
-             "flips: seen / cold | train min |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | seen users: acc % [95% CI] | gain vs parent (paired) | one-attribute pairs | contested pairs "
+             "| cold-start users | gain vs parent (paired) | (acc-50)/(oracle-50) seen | parse failures seen / cold | "
+             "unparsed as coin flips: seen / cold | train min |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     oracle_seen = (refs.get("seen", {}).get("oracle") or {}).get("accuracy")
     for r in rows:
         seen, cold = r["seen"], r["cold"]
         hard = seen.get("hard") or {}
+        contested = seen.get("contested") or {}
         norm = _normalized(seen["accuracy"], oracle_seen)
-        lines.append(f"| {r['row']} | {_cell(seen)} | {_gain(seen)} | {_pct(hard.get('accuracy'))} | "
+        stopped = f" (stopped {r['stopped']})" if r.get("stopped") else ""
+        lines.append(f"| {r['row']}{stopped} | {_cell(seen)} | {_gain(seen)} | {_pct(hard.get('accuracy'))} | "
+                     f"{_pct(contested.get('accuracy'))} | "
                      f"{_cell(cold)} | {_gain(cold)} | {'-' if norm is None else f'{norm:.2f}'} | "
                      f"{seen['failures']} / {cold['failures']} | {_pct(seen['coin_flip_accuracy'])} / "
                      f"{_pct(cold['coin_flip_accuracy'])} | {r['train_seconds'] / 60:.1f} |")
@@ -148,11 +197,25 @@ def markdown(rows: list[dict], refs: dict[str, dict], title: str) -> str:
         for name, est in sorted(refs.get(group, {}).items()):
             if isinstance(est, dict) and "accuracy" in est:
                 lines.append(f"| world {name} ({group}) | {_cell(est) if 'ci_low' in est else _pct(est['accuracy'])}"
-                             f" | | | | | | | | |")
+                             f" | | | | | | | | | |")
     lines += ["", "Gains are paired over the same held-out pairs (each pair judged in the same slot order by both "
               "models); a CI above 0 is an improvement beyond noise. Parse failures and ties count as wrong in the "
               "accuracy; the coin-flip column counts them as half right (an untrained model that never writes a "
               "parseable chain scores 50% there)."]
+    return "\n".join(lines) + "\n"
+
+
+def comparisons_markdown(comps: list[dict]) -> str:
+    """The paired comparisons as a markdown table (gain in points [95% CI], pairs whose verdict changed)."""
+    if not comps:
+        return ""
+    lines = ["| comparison | group | all pairs | contested pairs | other pairs |", "|---|---|---|---|---|"]
+    for c in comps:
+        for group in GROUPS:
+            cells = [c[group].get(part) for part in ("all", "contested", "rest")]
+            lines.append(f"| {c['stage']} - {c['baseline']} | {group} | " + " | ".join(
+                "-" if not g or not g["pairs"] else
+                f"{_gain({'gain': g})} ({g['changed']} of {g['pairs']} changed)" for g in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -189,6 +252,19 @@ def write_ablation_report(run_dir: str | Path, title: str = "P-GenRM ablation", 
         raise FileNotFoundError(f"{run_dir}: no complete P-GenRM stage (base, psi, cre, ...) to report")
     ref_path = run_dir / REFERENCES_FILE
     refs = json.loads(ref_path.read_text()) if ref_path.is_file() else {}
-    files = write_report_files(run_dir, "ablation", markdown=markdown(rows, refs, title),
-                               data={"rows": rows, "references": refs}, figure=figure(rows, refs, title))
+    comps = comparisons(run_dir, seed)
+    text = markdown(rows, refs, title)
+    if comps:
+        text += "\n### Paired comparisons (seen and cold-start users; contested = the types consistent with the " \
+                "evidence disagree)\n\n" + comparisons_markdown(comps)
+    headroom = json.loads((run_dir / HEADROOM_FILE).read_text()) if (run_dir / HEADROOM_FILE).is_file() else None
+    psi = complete_results(run_dir).get("psi", {})
+    if headroom:
+        from pr_rlhf.pgenrm.headroom import headroom_markdown
+
+        text += "\n" + headroom_markdown(headroom, psi.get("headroom"))
+    files = write_report_files(run_dir, "ablation", markdown=text,
+                               data={"rows": rows, "references": refs, "comparisons": comps, "headroom": headroom,
+                                     "psi_headroom": psi.get("headroom")},
+                               figure=figure(rows, refs, title))
     return AblationReport(rows, refs, files.markdown, files.figure, files.json)

@@ -24,23 +24,29 @@ def nearest_rows(vectors: np.ndarray, prototypes: np.ndarray) -> np.ndarray:
     return np.argmax(rows @ protos.T, axis=1).astype(np.int64)
 
 
-def build_index(user_ids: Sequence[str], persona_texts: Sequence[str], embedder: Any, k: int, seed: int = 0,
+def build_index(user_ids: Sequence[str], persona_texts: Sequence[str] | None, embedder: Any, k: int, seed: int = 0,
                 histories: Sequence[UserHistory] | None = None, refine_cfg: RefineConfig | None = None, *,
-                fingerprint: str | None = None) -> PrototypeIndex:
-    """Embed the personas, K-means them into k prototypes and, given both ``histories`` and ``refine_cfg``,
-    refine the prototypes on those histories (members without a history just do not train).
+                fingerprint: str | None = None, vectors: np.ndarray | None = None,
+                placement: str = "persona") -> PrototypeIndex:
+    """Embed the personas (or take the members' ``vectors`` as they are, e.g. profile embeddings), K-means them
+    into k prototypes and, given both ``histories`` and ``refine_cfg``, refine the prototypes on those histories
+    (members without a history just do not train). ``placement`` is recorded in the index: a lookup must place
+    users the same way.
 
     Passing only one of the two is an error rather than a silent unrefined index. ``fingerprint`` defaults to the
     embedder's ``fingerprint`` attribute when it has one.
     """
     user_ids = list(user_ids)
-    persona_texts = list(persona_texts)
-    if len(user_ids) != len(persona_texts):
-        raise ValueError(f"{len(user_ids)} user ids but {len(persona_texts)} persona texts")
+    if (persona_texts is None) == (vectors is None):
+        raise ValueError("pass persona_texts or vectors, exactly one of them")
+    rows = len(persona_texts) if persona_texts is not None else len(vectors)   # type: ignore[arg-type]
+    if len(user_ids) != rows:
+        raise ValueError(f"{len(user_ids)} user ids but {rows} persona texts / vectors")
     check_unique(user_ids)
     if (histories is None) != (refine_cfg is None):
         raise ValueError("refinement needs both histories and refine_cfg (pass neither for K-means only)")
-    embeddings = embed_personas(persona_texts, embedder)
+    embeddings = embed_personas(persona_texts, embedder) if persona_texts is not None else \
+        np.asarray(vectors, dtype=np.float32)
     clusters = kmeans(embeddings, k, seed=seed)
     dim = int(embeddings.shape[1])
     prototypes, state, cfg_dump = clusters.centroids.copy(), None, None
@@ -66,7 +72,7 @@ def build_index(user_ids: Sequence[str], persona_texts: Sequence[str], embedder:
         fingerprint = embedder.fingerprint
     created = {"utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seed": seed,
                "users": len(user_ids), "inertia": clusters.inertia, "torch": torch.__version__,
-               "kmeans_label_kept": kept}
+               "kmeans_label_kept": kept, "placement": placement}
     return PrototypeIndex(embedder=embedder_name(embedder), k=k, dim=dim, centroids=clusters.centroids,
                           prototypes=prototypes, user_ids=user_ids, embeddings=embeddings, labels=labels,
                           fingerprint=fingerprint, refiner_state=state, refine_config=cfg_dump, created=created)

@@ -1,5 +1,6 @@
 """Persona embeddings: each member user's persona-analysis text (written by the generative reward model) embedded
-and L2-normalized, so K-means and the online lookup work on cosine."""
+and L2-normalized, so K-means and the online lookup work on cosine; or, by placement, only what the persona
+concludes, or the user's profile posts (``scaling.prototypes.placement``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -19,6 +20,39 @@ def normalize_rows(x: np.ndarray) -> np.ndarray:
     # A zero row (e.g. an encoder that maps empty text to zeros) stays zero instead of becoming NaN.
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return (x / np.maximum(norms, EPS)).astype(np.float32)
+
+
+CONCLUSION_PREFIXES = ("Type:", "Prefers:", "Weakly:")   # the vote / trace / compact chains' conclusions
+
+
+def conclusion_text(persona: str) -> str:
+    """The lines of a persona that state what it concludes about the user (its type and preferred values), without
+    the evidence lines that transliterate the history; the whole persona when it has none."""
+    lines = [line.strip() for line in persona.splitlines() if line.strip().startswith(CONCLUSION_PREFIXES)]
+    return "\n".join(lines) if lines else persona
+
+
+def placement_text(persona: str, placement: str) -> str:
+    """The text that places a user by ``placement`` ('persona' or 'conclusion')."""
+    if placement == "profile":
+        raise ValueError("placement 'profile' places users by their posts, not by a persona text")
+    return conclusion_text(persona) if placement == "conclusion" else persona
+
+
+def profile_vectors(posts_by_user: dict[str, list[str]], embedder: Any) -> dict[str, np.ndarray]:
+    """Each user's profile as one L2-normalized vector: the mean of their posts' normalized embeddings (one
+    encoder call for all posts). A user without posts gets none."""
+    users = [u for u, posts in posts_by_user.items() if posts]
+    texts = [t for u in users for t in posts_by_user[u]]
+    if not texts:
+        return {}
+    vectors = embed_personas(texts, embedder)
+    out, start = {}, 0
+    for u in users:
+        end = start + len(posts_by_user[u])
+        out[u] = normalize_rows(vectors[start:end].mean(axis=0, keepdims=True))[0]
+        start = end
+    return out
 
 
 def embed_personas(texts: Sequence[str], embedder: Any) -> np.ndarray:

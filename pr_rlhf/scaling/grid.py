@@ -17,7 +17,7 @@ from pr_rlhf.report_files import new_figure, write_report_files
 from pr_rlhf.reward.inputs import RMInput, history_rows_by_user, rm_inputs_from_rows
 from pr_rlhf.scaling.scorer import Evidence, decide
 from pr_rlhf.shards import ShardReader
-from pr_rlhf.stats import mean_ci
+from pr_rlhf.stats import mean_ci, paired_difference_ci
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -54,6 +54,12 @@ def member_histories(shards: str, history_pairs: int) -> tuple[dict[str, list[di
     return histories, rm_inputs_from_rows(persona_rows, by_user, None, history_pairs)
 
 
+def profile_posts(shards: str) -> dict[str, list[str]]:
+    """Every user's profile post texts (the shards' ``profiles`` table), for profile placement."""
+    return {str(r["user_id"]): [str(item.get("text", "")) for item in (r.get("items") or [])]
+            for r in ShardReader(shards).iter_rows("profiles")}
+
+
 @dataclass
 class GridRow:
     group: str
@@ -64,21 +70,32 @@ class GridRow:
     ci_high: float
     pairs: int
     no_verdict: int                    # pairs without a valid chain on any side, or a tie
+    gain: float | None = None          # minus (0, 0) on the same pairs, with a paired 95% bootstrap CI
+    gain_low: float | None = None
+    gain_high: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
 def grid_rows(group: str, evidence: Sequence[Evidence], points: Sequence[tuple[int, int]], self_weight: float,
-              neighbour_weight: float, n_bootstrap: int = 1000, seed: int = 0) -> list[GridRow]:
+              neighbour_weight: float, n_bootstrap: int = 1000, seed: int = 0,
+              certainty_weighting: bool = False) -> list[GridRow]:
     """Accuracy (ties and pairs without a valid chain count as wrong) with a 95% bootstrap CI per point."""
     rows = []
+
+    def correct_at(m: int, n: int) -> tuple[np.ndarray, list]:
+        decisions = [decide(ev, m, n, self_weight, neighbour_weight, certainty_weighting) for ev in evidence]
+        return np.array([d.correct(ev.chosen_slot) for d, ev in zip(decisions, evidence)], dtype=float), decisions
+    base = correct_at(0, 0)[0] if (0, 0) in [tuple(p) for p in points] and evidence else None
     for m, n in points:
-        decisions = [decide(ev, m, n, self_weight, neighbour_weight) for ev in evidence]
-        correct = np.array([d.correct(ev.chosen_slot) for d, ev in zip(decisions, evidence)], dtype=float)
+        correct, decisions = correct_at(m, n)
         low, high = mean_ci(correct, n_bootstrap=n_bootstrap, seed=seed)
+        gain = (None, None, None)
+        if base is not None and (m, n) != (0, 0):
+            gain = paired_difference_ci(correct, base, n_bootstrap=n_bootstrap, seed=seed)
         rows.append(GridRow(group, m, n, float(correct.mean()) if correct.size else float("nan"), low, high,
-                            len(evidence), sum(d.predicted is None for d in decisions)))
+                            len(evidence), sum(d.predicted is None for d in decisions), *gain))
     return rows
 
 
@@ -99,7 +116,9 @@ def write_grid_report(out: Path, rows: Sequence[GridRow], references: dict[str, 
         cells = []
         for g in groups:
             r = next(x for x in rows if x.group == g and (x.m, x.n) == (m, n))
-            cells.append(f"{_pct(r.accuracy)} [{_pct(r.ci_low)}, {_pct(r.ci_high)}]"
+            gain = "" if r.gain is None else \
+                f"; {100 * r.gain:+.1f} [{100 * r.gain_low:+.1f}, {100 * r.gain_high:+.1f}] vs (0, 0)"
+            cells.append(f"{_pct(r.accuracy)} [{_pct(r.ci_low)}, {_pct(r.ci_high)}]{gain}"
                          + (f" ({r.no_verdict} no verdict)" if r.no_verdict else ""))
         lines.append(f"| ({m}, {n}) | " + " | ".join(cells) + " |")
     for name in ("oracle", "logistic_regression", "no_history"):

@@ -17,7 +17,7 @@ from pr_rlhf.configs.scaling import ScalingConfig
 from pr_rlhf.models.base import Engine, Generation, SamplingParams
 from pr_rlhf.reward.inputs import InputMode, RMInput
 from pr_rlhf.reward.judge import JudgeFormat, PairwiseJudge, Slot, chosen_slot
-from pr_rlhf.scaling.embedding import embed_personas
+from pr_rlhf.scaling.embedding import embed_personas, placement_text
 from pr_rlhf.scaling.fusion import (
     ChainScores,
     Scores,
@@ -55,14 +55,25 @@ class Decision:
         return self.predicted is not None and self.predicted == chosen
 
 
-def decide(ev: Evidence, m: int, n: int, self_weight: float = 0.5, neighbour_weight: float = 0.5) -> Decision:
+def agreement(samples: ChainScores, m: int) -> float | None:
+    """c in [0, 1]: how much the first m valid chains agree on the better slot (|2 share - 1|; None without any)."""
+    decided = [s[0] > s[1] for s in samples.per_sample[:m] if s is not None and s[0] != s[1]]
+    return abs(2 * sum(decided) / len(decided) - 1) if decided else None
+
+
+def decide(ev: Evidence, m: int, n: int, self_weight: float = 0.5, neighbour_weight: float = 0.5,
+           certainty_weighting: bool = False) -> Decision:
     """The verdict of grid point (m, n) from the evidence: (0, 0) the greedy chain; m > 0 the mean of the first
-    m samples' valid chains; n > 0 the mean over the n best neighbours' valid chains, fused with the own mean."""
+    m samples' valid chains; n > 0 the mean over the n best neighbours' valid chains, fused with the own mean
+    (with ``certainty_weighting`` and m > 0, the neighbours' weight times 1 - the own chains' agreement)."""
     if m > ev.asked[0] or n > ev.asked[1] or (m == 0 and n == 0 and not ev.has_greedy):
         raise ValueError(f"evidence for {ev.pair_id} was gathered for (m, n) = {ev.asked} (greedy chain: "
                          f"{ev.has_greedy}); asked for ({m}, {n})")
     own = ev.greedy.mean() if (m == 0 and n == 0) else (ev.samples.mean(m) if m > 0 else None)
     others = mean_of([s for s in ev.neighbour_scores[:n] if s is not None]) if n > 0 else None
+    if certainty_weighting and m > 0 and n > 0:
+        c = agreement(ev.samples, m)
+        neighbour_weight = neighbour_weight * (1.0 - (c if c is not None else 0.0))
     fused = fuse(own, others, self_weight, neighbour_weight)
     if fused is None:
         return Decision(None, None, "no_valid_chain")
@@ -72,13 +83,24 @@ def decide(ev: Evidence, m: int, n: int, self_weight: float = 0.5, neighbour_wei
 
 class ScaledJudge:
     """Gathers :class:`Evidence` with one engine. ``index`` (a :class:`~pr_rlhf.scaling.index.PrototypeIndex`)
-    and ``embedder`` are needed only for n > 0; ``histories`` maps a member user id to its history triples."""
+    and ``embedder`` are needed only for n > 0; ``histories`` maps a member user id to its history triples;
+    ``profiles`` a user id to its profile vector (``scaling.embedding.profile_vectors``), for profile placement."""
 
     def __init__(self, engine: Engine, cfg: ScalingConfig, *, seed: int = 0, fmt: JudgeFormat = "sec_compact",
                  index: Any = None, embedder: Any = None, histories: Mapping[str, list[dict]] | None = None,
-                 mode: InputMode = "none", top_k: int = 10, use_stated: bool = True):
+                 mode: InputMode = "none", top_k: int = 10, use_stated: bool = True,
+                 profiles: Mapping[str, Any] | None = None):
         self.engine, self.cfg, self.seed = engine, cfg, int(seed)
         self.index, self.embedder, self.histories = index, embedder, histories or {}
+        self.placement = cfg.prototypes.placement
+        self.profiles = profiles or {}
+        built = (getattr(index, "created", None) or {}).get("placement", "persona") if index is not None \
+            else self.placement
+        if built != self.placement:
+            raise ValueError(f"the prototypes were built with placement {built!r}, scaling.prototypes.placement "
+                             f"is {self.placement!r}: rebuild them or set the same placement")
+        if self.placement == "profile" and index is not None and not self.profiles:
+            raise ValueError("placement 'profile' needs the users' profile vectors (profiles=)")
         self.mode, self.top_k = mode, top_k
         self._prompter = PairwiseJudge(engine, params=SamplingParams(), seed=seed, fmt=fmt,
                                        use_stated_preferences=use_stated)
@@ -123,8 +145,13 @@ class ScaledJudge:
         for ev in out:   # the persona of the greedy chain, else of the first valid sample
             personas = ev.greedy.personas or ev.samples.personas
             ev.persona = personas[0] if personas else None
-        located = [i for i, ev in enumerate(out) if ev.persona is not None]
-        vectors = embed_personas([out[i].persona for i in located], self.embedder) if located else None
+        if self.placement == "profile":   # placed by their posts: every user with a profile, whatever they wrote
+            located = [i for i, ev in enumerate(out) if ev.user_id in self.profiles]
+            vectors = [self.profiles[out[i].user_id] for i in located]
+        else:
+            located = [i for i, ev in enumerate(out) if ev.persona is not None]
+            vectors = embed_personas([placement_text(out[i].persona, self.placement) for i in located],
+                                     self.embedder) if located else None
         jobs: list[tuple[int, RMInput, Slot]] = []
         for row, i in enumerate(located):
             ev = out[i]

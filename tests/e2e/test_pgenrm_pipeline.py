@@ -42,7 +42,9 @@ def test_stage_configs_and_validation():
     with pytest.raises(ValueError, match="compact"):
         PGenRMConfig(world={"rendering": "varied"})
     recipe = load_recipe(ROOT / "recipes" / "pgenrm_pipeline.yaml", ["pgenrm.cre.steps=3"])
-    assert recipe.pgenrm.cre.steps == 3 and recipe.pgenrm.stages == ["base", "psi", "cre", "curriculum"]
+    assert recipe.pgenrm.cre.steps == 3 and recipe.pgenrm.stages == ["base", "psi", "cre", "curriculum", "control"]
+    assert recipe.pgenrm.psi.teacher == "recent_pair" and not recipe.pgenrm.psi.label_filter
+    assert recipe.pgenrm.headroom.gate == "enforce" and recipe.pgenrm.cre.both_orders
 
 
 def test_curriculum_share_rises_and_sampling_is_seeded():
@@ -98,6 +100,21 @@ def test_paired_gain_and_report_from_stage_results(tmp_path):
     assert "w/o curriculum" in text and "world oracle (seen)" in text and report.figure.stat().st_size > 1000
     assert "0.83" in text   # normalized to the oracle: (75 - 50) / (80 - 50)
 
+    # the curriculum beside its compute-matched control, paired on contested and other pairs
+    (tmp_path / "contested.json").write_text(json.dumps({p: i < 100 for i, p in enumerate(old)}))
+    control = dict(new)
+    curriculum = {p: 1.0 if i < 100 else v for i, (p, v) in enumerate(new.items())}   # better on contested only
+    stage("control", control)
+    stage("curriculum", curriculum)
+    report = write_ablation_report(tmp_path)
+    comps = {(c["stage"], c["baseline"]): c for c in json.loads(report.json.read_text())["comparisons"]}
+    assert set(comps) == {("cre", "psi"), ("curriculum", "control"), ("curriculum", "cre")}
+    vs_control = comps[("curriculum", "control")]["seen"]
+    assert vs_control["contested"]["pairs"] == 100 and vs_control["contested"]["ci_low"] > 0
+    assert vs_control["rest"]["gain"] == 0.0 and vs_control["rest"]["changed"] == 0
+    assert vs_control["contested"]["changed"] == sum(1 for i, p in enumerate(new) if i < 100 and new[p] == 0)
+    assert "curriculum - control" in report.markdown.read_text()
+
     # a moved run directory pairs its own predictions, not the files its results recorded
     import shutil
 
@@ -105,7 +122,8 @@ def test_paired_gain_and_report_from_stage_results(tmp_path):
     shutil.copytree(tmp_path, moved)
     pq.write_table(pa.table({"pair_id": list(old), "correct": [False] * len(old)}),
                    tmp_path / "psi" / "eval_seen" / "predictions.parquet")   # the recorded file changes
-    assert write_ablation_report(moved).rows[0]["seen"]["gain"]["gain"] == pytest.approx(gain["gain"])
+    cre_row = next(r for r in write_ablation_report(moved).rows if r["stage"] == "cre")
+    assert cre_row["seen"]["gain"]["gain"] == pytest.approx(gain["gain"])
 
 
 def test_export_writes_a_model_that_reloads_with_the_same_weights(tmp_path):
@@ -148,6 +166,35 @@ def test_stage_order_error_names_the_missing_parent(tmp_path):
         given.start_model("curriculum")
     with pytest.raises(ValueError, match="start_from.base"):
         PGenRMConfig(start_from={"base": shipped})
+
+
+def test_headroom_gate_refuses_rl_when_the_teacher_is_the_best_rule(tmp_path):
+    """The vote teacher *is* the best rule on its inputs: the gate says no go, and an enforced gate refuses every
+    GRPO stage (naming the report) while supervised stages run; the beatable teacher leaves room."""
+    from pr_rlhf.configs.pgenrm import HeadroomConfig
+    from pr_rlhf.configs.recipe import Recipe
+    from workers.pgenrm import HeadroomGateError, PGenRMPipeline
+
+    world = {"rendering": "compact", "n_attributes": 3, "n_archetypes": 3, "max_differing_attributes": 2,
+             "users": 30, "cold_start_users": 4, "reference_samples": 500}
+    recipe = Recipe(pgenrm={"world": world, "out": str(tmp_path / "votes"), "chain_style": "vote",
+                            "headroom": {"gate": "enforce"}})
+    pipeline = PGenRMPipeline(recipe)
+    for stage in ("cre", "curriculum", "control", "cre_no_pr", "cre_no_or"):
+        with pytest.raises(HeadroomGateError, match="headroom.json"):
+            pipeline.check_gate(stage)
+    pipeline.check_gate("psi")
+    report = json.loads((tmp_path / "votes" / "headroom.json").read_text())
+    assert report["gate"]["go"] is False and report["gate"]["rule_minus_teacher"] == 0.0
+    events = []
+    warned = PGenRMPipeline(recipe.model_copy(update={"pgenrm": recipe.pgenrm.model_copy(
+        update={"headroom": HeadroomConfig(gate="warn")})}), on_event=events.append)
+    warned.check_gate("cre")
+    assert any("no go" in e for e in events)
+    beatable = Recipe(pgenrm={"world": world, "out": str(tmp_path / "beat"), "chain_style": "vote",
+                              "psi": {"teacher": "recent_pair"}, "headroom": {"gate": "enforce"}})
+    gate = PGenRMPipeline(beatable).headroom()["gate"]   # on this small world the contested gap is smaller
+    assert gate["rule_minus_teacher"] > 0.05 and gate["rule_minus_teacher_contested"] > 0.1, gate
 
 
 def pgenrm_cli(recipe: str, out: Path, tmp_path: Path, *, sets=(), stages=(), hang_timeout_s: float):
@@ -233,7 +280,16 @@ def test_rl_stages_from_the_shipped_genrm_run_resume_and_scale(tmp_path):
         assert seen["n"] == 40 and seen["ci_low"] > 0.5, seen
         assert results[stage]["cold"]["summary"]["n"] == 16
     curriculum = json.loads((out / "curriculum" / "history.json").read_text())
-    assert curriculum[0]["data/hard_share"] < curriculum[-1]["data/hard_share"]
+    assert curriculum[0]["data/hard_share"] < curriculum[-1]["data/hard_share"]       # contested prompts rise
+    cre = json.loads((out / "cre" / "history.json").read_text())
+    for h in cre:   # the RL step's diagnostics: zero-variance share, refill, slot share, decision entropy
+        assert 0.0 <= h["reward/frac_zero_std"] <= 1.0 and 0.0 <= h["decision/first_slot_share"] <= 1.0
+        assert h["rollout/update_groups"] >= 1 and "rollout/refill_groups" in h
+        assert h["decision/entropy_mc"] >= 0.0 and "reward/outcome_contested" in h
+    headroom = json.loads((out / "headroom.json").read_text())   # written before any stage
+    assert headroom["teacher"] == "recent_pair" and headroom["gate"]["go"]
+    assert abs(headroom["groups"]["seen"]["best_rule"]["all"] - 0.884) < 0.01     # the docs' offline numbers
+    assert "### Headroom" in (out / "ablation.md").read_text()
     assert (out / "ablation.md").is_file() and (out / "ablation.png").is_file()
 
     from mlflow.tracking import MlflowClient

@@ -172,3 +172,60 @@ def test_reward_worker_scorer_scales_the_genrm_reward():
         reward_config(kind="genrm", scaling=ScalingConfig(m=2, n=2))
     with pytest.raises(ValueError, match="sec_reference"):
         reward_config(kind="genrm", genrm_mode="pointwise", scaling=ScalingConfig(m=2))
+
+
+def test_certainty_weighting_lets_neighbours_speak_where_own_chains_disagree():
+    from pr_rlhf.scaling.scorer import agreement
+
+    ev = evidence()                                  # own samples: A, (bad), B, B -> share of A 1/3, c = 1/3
+    assert agreement(ev.samples, 4) == pytest.approx(1 / 3) and agreement(ev.samples, 1) == 1.0
+    plain = decide(ev, 4, 1)                         # own (13/3, 17/3) fused 0.5 / 0.5 with the neighbour (9, 1)
+    weighted = decide(ev, 4, 1, certainty_weighting=True)   # the neighbour at weight 0.5 * 2/3
+    assert plain.scores == pytest.approx(((13 / 3 + 9) / 2, (17 / 3 + 1) / 2))
+    w = 0.5 * (2 / 3)
+    assert weighted.scores == pytest.approx(((0.5 * 13 / 3 + w * 9) / (0.5 + w), (0.5 * 17 / 3 + w * 1) / (0.5 + w)))
+    certain = evidence()
+    certain.samples = chain_scores(gen(chain(2, 8), chain(3, 8)))        # both B: c = 1, neighbours ignored
+    assert decide(certain, 2, 1, certainty_weighting=True).scores == certain.samples.mean(2)
+    assert decide(certain, 0, 1, certainty_weighting=True).predicted == "A"   # (0, n): the neighbours alone
+
+
+def test_conclusion_placement_keeps_what_the_persona_concludes():
+    from pr_rlhf.scaling.embedding import conclusion_text, placement_text, profile_vectors
+
+    persona = "Example 1: +a -b > -a -b\nAgrees 1: A C\nVotes: A1 B0 C1\nType: A\nPrefers: +a -b\nFit: a1 b="
+    assert conclusion_text(persona) == "Type: A\nPrefers: +a -b"
+    assert conclusion_text("no conclusion here") == "no conclusion here"
+    assert placement_text(persona, "persona") == persona
+    with pytest.raises(ValueError, match="posts"):
+        placement_text(persona, "profile")
+
+    class Bag:
+        name = "bag"
+
+        def encode(self, texts):
+            return np.array([[t.count("x"), t.count("y"), 1.0] for t in texts], dtype=float)
+    vecs = profile_vectors({"u1": ["xx", "x"], "u2": ["y"], "u3": []}, Bag())
+    assert set(vecs) == {"u1", "u2"} and np.linalg.norm(vecs["u1"]) == pytest.approx(1.0)
+    assert vecs["u1"][0] > vecs["u1"][1] and vecs["u2"][1] > vecs["u2"][0]
+
+
+def test_profile_placement_finds_neighbours_by_posts_and_a_mismatched_index_is_refused():
+    from pr_rlhf.scaling.build import build_index
+
+    class Bag:
+        name = "bag"
+
+        def encode(self, texts):
+            return np.array([[t.count("x"), t.count("y"), 0.1] for t in texts], dtype=float)
+    vectors = np.array([[1, 0, 0.1], [0.9, 0.1, 0.1], [0, 1, 0.1], [0.1, 0.9, 0.1]], dtype=np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    index = build_index(["m1", "m2", "m3", "m4"], None, Bag(), 2, vectors=vectors, placement="profile")
+    assert index.created["placement"] == "profile"
+    with pytest.raises(ValueError, match="exactly one"):
+        build_index(["m1"], ["t"], Bag(), 1, vectors=vectors[:1])
+    cfg = ScalingConfig(m=0, n=1, prototypes={"placement": "profile"})
+    with pytest.raises(ValueError, match="profile vectors"):
+        ScaledJudge(object(), cfg, index=index, embedder=Bag())
+    with pytest.raises(ValueError, match="placement"):
+        ScaledJudge(object(), ScalingConfig(m=0, n=1), index=index, embedder=Bag())

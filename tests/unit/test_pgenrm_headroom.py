@@ -1,0 +1,157 @@
+"""The headroom check before RL, the beatable teacher, contested pairs, and the GRPO step's group bookkeeping."""
+import numpy as np
+import pytest
+
+from pr_rlhf.configs.pgenrm import GRPOStageConfig, PGenRMConfig
+from pr_rlhf.configs.world import WorldConfig
+from pr_rlhf.pgenrm.headroom import (
+    HeldOutItem,
+    decision_position,
+    gate,
+    held_out_items,
+    offline_headroom,
+    sample_statistics,
+    teacher_expected,
+    type_correct,
+)
+from pr_rlhf.pgenrm.oracle_chain import TYPE_LABELS, oracle_chain, teacher_types, vote_type
+from pr_rlhf.pgenrm.psi_data import in_other_order, is_contested, psi_examples
+from pr_rlhf.world.generator import build_world
+from pr_rlhf.world.reference import WorldPrior
+
+WORLD = WorldConfig(rendering="compact", n_attributes=3, n_archetypes=3, max_differing_attributes=2, users=60,
+                    cold_start_users=10, reference_samples=2000)
+
+
+@pytest.fixture(scope="module")
+def world():
+    return build_world(WORLD)
+
+
+@pytest.fixture(scope="module")
+def prior(world):
+    return WorldPrior.of(world)
+
+
+def test_teacher_types_follow_the_most_recent_history_pair(world):
+    user = next(u for u in world.users if not u.cold_start)
+    history = world.history(user.user_id, 3)
+    agrees, _, voted = vote_type(world.archetypes, history)
+    assert teacher_types(world.archetypes, history, "votes") == [voted]
+    assert teacher_types(world.archetypes, history, "recent_pair") == (agrees[-1] or [0, 1, 2])
+    assert teacher_types(world.archetypes, [], "recent_pair") == [0, 1, 2]   # no evidence: any type
+
+
+def test_a_pair_is_contested_exactly_when_the_candidate_types_decide_differently(world, prior):
+    seen = contested = 0
+    for item in held_out_items(world, "seen", 3):
+        decisions = {type_correct(world, prior, item, k)
+                     for k in teacher_types(world.archetypes, item.history, "recent_pair")}
+        assert is_contested(world, prior, item.pair, item.history) == (len(decisions) > 1)
+        seen += 1
+        contested += len(decisions) > 1
+    assert 0.1 < contested / seen < 0.5, contested / seen
+
+
+def test_offline_headroom_votes_teacher_is_the_rule_and_the_beatable_one_is_below_it(world, prior):
+    h = offline_headroom(world, "recent_pair", 3, prior=prior)
+    seen = h["groups"]["seen"]
+    assert seen["pairs"] == len(held_out_items(world, "seen", 3))
+    assert seen["teachers"]["votes"] == seen["best_rule"]                      # the vote teacher *is* the rule
+    assert h["designs"]["votes"]["go"] is False and h["designs"]["votes"]["rule_minus_teacher"] == 0.0
+    rp = seen["teachers"]["recent_pair"]
+    assert rp["all"] < seen["best_rule"]["all"] - 0.03                         # the rule beats this teacher ...
+    assert rp["contested"] < seen["best_rule"]["contested"]                    # ... most on contested pairs
+    assert rp["rest"] == pytest.approx(seen["best_rule"]["rest"], abs=0.1)
+    assert h["gate"] == h["designs"]["recent_pair"]
+    assert seen["bayes"]["all"] >= seen["best_rule"]["all"] - 0.03
+
+
+def test_stated_teacher_decides_by_the_true_type_unless_stale(world, prior):
+    item = held_out_items(world, "seen", 3)[0]
+    true = world.user(item.pair.user_id).archetype
+    assert teacher_expected(world, prior, item, "stated", stale=0.0) == float(type_correct(world, prior, item, true))
+    others = [float(type_correct(world, prior, item, k)) for k in range(3) if k != true]
+    assert teacher_expected(world, prior, item, "stated", stale=1.0) == pytest.approx(np.mean(others))
+
+
+def test_gate_needs_every_condition_and_says_which_failed():
+    rule = {"all": 0.88, "contested": 0.78, "rest": 0.92}
+    assert gate(rule, {"all": 0.78, "contested": 0.50, "rest": 0.9}, 0.26)["go"]
+    no = gate(rule, {"all": 0.85, "contested": 0.70, "rest": 0.9}, 0.10)
+    assert not no["go"] and len(no["failed"]) == 3 and no["verdict"].startswith("no go")
+
+
+def test_decision_position_is_the_first_token_after_type():
+    pieces = ["Votes", ":", " A2", " B0", "\n", "Type", ":", " ", "B", "\n", "Prefers"]
+    assert decision_position(pieces) == 8
+    assert decision_position(["Type: C", "\n"]) == 0      # marker and decision in one token
+    assert decision_position(["Votes: A1"]) is None
+
+
+def test_sample_statistics_greedy_majority_pass_and_mixed():
+    decisions = [[1, 1, 0, None], [0, 0, 0, 0], [1, 0, None, None], [None] * 4]
+    stats = sample_statistics(decisions, [1, 0, 0, None])
+    assert stats["greedy"] == 0.25
+    assert stats["maj"] == 0.25            # a tie of votes and no valid sample are wrong
+    assert stats["pass"] == 0.5
+    assert stats["mixed_share"] == 0.5
+    assert stats["invalid_sample_share"] == pytest.approx(7 / 16)
+
+
+def test_recent_pair_teacher_writes_the_same_lines_but_draws_the_type(world, prior):
+    votes, vstats = psi_examples(world, 3, seed=0, keep_incorrect=True, prior=prior, style="vote")
+    beat, bstats = psi_examples(world, 3, seed=0, keep_incorrect=True, prior=prior, style="vote",
+                                teacher="recent_pair")
+    assert len(votes) == len(beat) == vstats.examples == bstats.examples       # no label filter: every chain
+    assert bstats.kept_share < vstats.kept_share - 0.03                         # the beatable teacher errs more
+    assert [e.first_is_chosen for e in votes] == [e.first_is_chosen for e in beat]
+    differs = 0
+    for v, b in zip(votes, beat):
+        assert v.messages == b.messages and v.contested == b.contested
+        head_v, head_b = v.target.split("Type:")[0], b.target.split("Type:")[0]
+        assert head_v == head_b                                                  # evidence and votes unchanged
+        differs += v.target != b.target
+    assert differs > 0
+    filtered, fstats = psi_examples(world, 3, seed=0, prior=prior, style="vote", teacher="recent_pair")
+    assert all(e.correct for e in filtered) and len(filtered) == fstats.kept
+
+
+def test_recent_pair_type_is_drawn_among_the_candidates(world, prior):
+    examples, _ = psi_examples(world, 3, seed=0, keep_incorrect=True, prior=prior, style="vote",
+                               teacher="recent_pair")
+    pairs = {p.pair_id: p for p in world.pairs}
+    for e in examples[:200]:
+        history = [pairs[h] for h in e.history_ids]
+        allowed = {TYPE_LABELS[k] for k in teacher_types(world.archetypes, history, "recent_pair")}
+        typed = e.target.split("Type:")[1].split()[0]
+        assert typed in allowed
+
+
+def test_other_order_swaps_the_slots_of_the_same_prompt(world, prior):
+    examples, _ = psi_examples(world, 3, seed=0, keep_incorrect=True, prior=prior, style="vote")
+    e = examples[0]
+    flipped = in_other_order(e, world)
+    assert flipped.first_is_chosen != e.first_is_chosen and flipped.pair_id == e.pair_id
+    def responses(example):
+        lines = example.messages[-1]["content"].splitlines()
+        return [next(x for x in lines if x.startswith(f"Response {i}:")).split(":", 1)[1] for i in (1, 2)]
+    assert responses(flipped) == responses(e)[::-1] and responses(e)[0] != responses(e)[1]
+    assert in_other_order(flipped, world).messages == e.messages
+
+
+def test_chain_decision_of_a_type_matches_the_oracle_chain(world, prior):
+    item = held_out_items(world, "seen", 3)[3]
+    for k in range(3):
+        chain = oracle_chain(world, prior, item.pair, item.history, False, "vote", type_index=k)
+        assert chain.correct == type_correct(world, prior, HeldOutItem(item.pair, item.history), k)
+        assert f"Type: {TYPE_LABELS[k]}" in chain.sec.persona
+
+
+def test_grpo_stage_options_validate():
+    with pytest.raises(ValueError, match="odd"):
+        GRPOStageConfig(group_size=3, both_orders=True)
+    cfg = PGenRMConfig()
+    control = cfg.stage_config("control")
+    assert control.hard_share_start is None and control.steps == cfg.curriculum.steps
+    assert control.alpha == cfg.curriculum.alpha
