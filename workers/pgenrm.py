@@ -380,6 +380,9 @@ class PGenRMPipeline:
             learner.shutdown()
 
     def _psi(self, start: str, sdir: Path, tracker: Any) -> tuple[str, list]:
+        if self.cfg.psi.steps == 0:   # the given model is the PSI model: evaluated, not trained
+            self.on_event(f"psi: 0 steps, {start} is the PSI model")
+            return start, []
         examples = [(e.messages, e.target) for e in self.examples(keep_incorrect=not self.cfg.psi.label_filter)]
         return self._sft("psi", start, sdir, tracker, examples, self.cfg.psi)
 

@@ -44,6 +44,10 @@ class SFTStageConfig(StrictModel):
 class PSIConfig(SFTStageConfig):
     """PSI: SFT on the oracle teacher's evaluation chains."""
 
+    steps: int = Field(600, ge=0, description="SFT steps; 0: no training, the stage evaluates (and measures the "
+                                              "headroom of) the model start_from.psi names, e.g. a shipped PSI "
+                                              "checkpoint, so the RL stages start from it")
+
     history_variants: int = Field(4, ge=1, description="(history, pair) draws per train pair: more distinct "
                                                        "examples from the same users (psi_data.psi_examples)")
     teacher: Literal["votes", "recent_pair"] = Field(
@@ -189,6 +193,9 @@ class PGenRMConfig(StrictModel):
             raise ValueError(f"stages {self.stages} name a stage twice")
         if "base" in self.start_from:
             raise ValueError("start_from.base: the base stage evaluates `model`; set `model` instead")
+        if self.psi.steps == 0 and "psi" in self.stages and "psi" not in self.start_from:
+            raise ValueError("psi.steps 0 evaluates a given model: set start_from.psi to it (e.g. a shipped PSI "
+                             "checkpoint)")
         return self
 
     def stage_config(self, stage: str) -> GRPOStageConfig:

@@ -35,12 +35,12 @@ ADDED_REFINE_FIELDS = {"batch_size": lambda before: 32, "max_history": lambda be
 ROOT_FOLDERS = {("shards",), ("out",)}
 # Fields removed on purpose, each of which no recipe's run read: ZeRO's stage went with the deepspeed strategy.
 REMOVED_FIELDS = {(LearnerConfig, "zero_stage")}
-# P-GenRM fields added after the baseline, with the value that keeps a recipe's run as it was (the headroom
-# section only reports, and its default gate only warns). The two recipes rebuilt around the beatable teacher
+# P-GenRM and scaling fields added after the baseline, with the value that keeps a recipe's run as it was (the
+# headroom section only reports, and its default gate only warns). The two recipes rebuilt around the beatable teacher
 # (pgenrm_pipeline.yaml, pgenrm_from_shipped.yaml) were re-dumped into the baseline when they changed.
 ADDED_PGENRM_FIELDS = {"teacher": "votes", "label_filter": True, "hard_kind": "one_attribute", "both_orders": False,
                        "refill_rounds": 0, "stop_kl": None, "stop_parse_rate": None, "stop_patience": 2,
-                       "control": None}
+                       "control": None, "placement": "persona", "certainty_weighting": False}
 
 
 def union_members(union: Any) -> set[type[BaseModel]]:
@@ -114,7 +114,7 @@ def test_every_recipe_resolves_to_its_effective_settings_before(name):
         if path in ROOT_FOLDERS:   # unset in every shipped recipe: the sections keep their own folders
             assert now_leaves[path] is None, path
             continue
-        if path[0] == "pgenrm" and path[-1] in ADDED_PGENRM_FIELDS:
+        if path[0] in ("pgenrm", "scaling", "reward") and path[-1] in ADDED_PGENRM_FIELDS:
             assert now_leaves[path] == ADDED_PGENRM_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"
             continue
         if path[:2] == ("pgenrm", "headroom"):
