@@ -31,9 +31,9 @@ def quickstart_recipe(recipe: Path, out: Path, overrides: list[str]) -> Recipe:
     source = recipe if recipe.exists() else None
     resolved = load_recipe(source, placed + overrides)
     # place every later stage that the recipe has under out (placing one it lacks would conjure a default)
-    world_shards = out / "pgenrm" / "data"
+    world_shards = out / "world"   # the shipped P-GenRM's world: scaling and Best-of-N
     later = {"train": [f"train.out={q(out / 'rl')}", f"train.data.shards={q(out / 'rl_world')}"],
-             "pgenrm": [f"pgenrm.out={q(out / 'pgenrm')}", f"pgenrm.shards={q(world_shards)}"],
+             "pgenrm": [f"pgenrm.out={q(out / 'pgenrm')}", f"pgenrm.shards={q(out / 'pgenrm' / 'data')}"],
              "scaling": [f"scaling.out={q(out / 'scaling')}", f"scaling.shards={q(world_shards)}"],
              "bon": [f"bon.out={q(out / 'bon')}", f"bon.shards={q(world_shards)}"]}
     placed += [o for section, opts in later.items() if getattr(resolved, section) is not None for o in opts]
@@ -105,8 +105,8 @@ def run_quickstart(recipe: Recipe, out: Path, run: StageRunners) -> QuickstartSu
             stage("2. reward models on held-out pairs (base models: untrained, expect ~50% or parse failures)",
                   "evaluation (untrained floor)", lambda: f"{run.eval(recipe).run_dir}/report.md")
             if recipe.pgenrm is not None:
-                stage("3. P-GenRM: PSI -> CRE -> curriculum, briefly (a useful GenRM needs ~30 min of PSI: the next "
-                      "stages use the shipped one)", "P-GenRM stages (brief)", lambda: _pgenrm_result(recipe, run))
+                stage("3. P-GenRM: PSI from scratch on a small world, briefly (the next stages use the shipped GenRM)",
+                      "P-GenRM PSI (brief)", lambda: _pgenrm_result(recipe, run))
             if recipe.scaling is not None:
                 stage(f"4. test-time scaling of the shipped P-GenRM ({recipe.scaling.model})", "test-time scaling",
                       lambda: ", ".join(f"{r.group} ({r.m},{r.n}) {100 * r.accuracy:.1f}"
@@ -129,10 +129,21 @@ def run_quickstart(recipe: Recipe, out: Path, run: StageRunners) -> QuickstartSu
 
 
 def _pgenrm_result(recipe: Recipe, run: StageRunners) -> str:
+    """The last stage's accuracy (seen and cold-start users) and its paired gain over the stage before it."""
+    from pr_rlhf.pgenrm.report import collect
+
     cfg = recipe.pgenrm
     last = run.pgenrm(recipe)[cfg.stages[-1]]
-    return (f"{cfg.stages[-1]} after {cfg.psi.steps} PSI steps: seen {accuracy_with_misses(last['seen']['summary'])}"
-            f", cold {accuracy_with_misses(last['cold']['summary'])}")
+    row = next((r for r in collect(cfg.out, recipe.seed) if r["stage"] == cfg.stages[-1]), None)
+    gain = ""
+    if row is not None and row["seen"].get("gain"):
+        g = row["seen"]["gain"]
+        gain = (f"; vs {row['parent']} on the same pairs {100 * g['gain']:+.1f} [{100 * g['ci_low']:+.1f}, "
+                f"{100 * g['ci_high']:+.1f}]")
+    seen = last["seen"]["summary"]
+    return (f"{cfg.stages[-1]} after {cfg.psi.steps} PSI steps: seen {accuracy_with_misses(seen)} "
+            f"[{100 * seen['ci_low']:.1f}, {100 * seen['ci_high']:.1f}]{gain}, cold "
+            f"{accuracy_with_misses(last['cold']['summary'])}")
 
 
 def _bon_result(report: dict) -> str:

@@ -119,9 +119,8 @@ def test_quickstart_runs_every_stage(tmp_path):
              for key in ("users=12", "cold_start_users=4", "reference_samples=300")]
     sets = [*SMALL_WORLD, "eval.max_pairs=6", "data.retrieval.embedder=bm25", "train.steps=2",
             "train.eval_every=2", "train.warmup_sft_steps=2", "train.data.heldout_prompts=4", "train.eval_samples=2",
-            *world, "pgenrm.psi.steps=2", "pgenrm.cre.steps=1", "pgenrm.curriculum.steps=1",
-            "pgenrm.eval.seen_pairs=4", "pgenrm.eval.cold_pairs=4", "pgenrm.eval.max_tokens=24",
-            "pgenrm.cre.max_tokens=24", "pgenrm.curriculum.max_tokens=24",
+            *world, "pgenrm.psi.steps=2", "pgenrm.eval.seen_pairs=4", "pgenrm.eval.cold_pairs=4",
+            "pgenrm.eval.max_tokens=24",
             "scaling.points=[[0,0],[2,2]]", "scaling.seen_pairs=4", "scaling.cold_pairs=4",
             "scaling.scaling.prototypes.k=2", "scaling.scaling.prototypes.candidate_ks=[2]",
             "scaling.scaling.prototypes.refine_steps=2", "bon.policy.model=tiny", "bon.prompts=2", "bon.n=4",
@@ -137,13 +136,13 @@ def test_quickstart_runs_every_stage(tmp_path):
     client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("quickstart").experiment_id], max_results=100)
     stages = {r.data.tags.get("stage") for r in runs}
-    assert {"quickstart", "eval", "pgenrm/psi", "pgenrm/cre", "pgenrm/curriculum", "scaling", "bon",
-            "rl/grpo"} <= stages, stages
+    assert {"quickstart", "eval", "pgenrm/base", "pgenrm/psi", "scaling", "bon", "rl/grpo"} <= stages, stages
     (top,) = [r for r in runs if r.data.tags.get("stage") == "quickstart"]
     assert top.data.metrics["quickstart/minutes"] > 0 and "quickstart/minutes/grpo" in top.data.metrics
     assert not list(out.rglob("*/mlflow.db")), "a stage wrote its own mlflow store"
-    for stage in ("psi", "cre", "curriculum"):
+    for stage in ("base", "psi"):
         assert (out / "pgenrm" / stage / "COMPLETE").is_file(), stage
+    assert "psi after 2 PSI steps" in done.stdout and "vs base on the same pairs" in done.stdout
     assert (out / "scaling" / "scaling_grid.md").is_file() and (out / "scaling" / "scaling_grid.png").is_file()
     assert (out / "bon" / "bon.json").is_file() and (out / "bon" / "correlation.md").is_file()
     summary = json.loads((out / "summary.json").read_text())

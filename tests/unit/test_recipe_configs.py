@@ -37,7 +37,8 @@ ROOT_FOLDERS = {("shards",), ("out",)}
 REMOVED_FIELDS = {(LearnerConfig, "zero_stage")}
 # P-GenRM and scaling fields added after the baseline, with the value that keeps a recipe's run as it was (the
 # headroom section only reports, and its default gate only warns). The two recipes rebuilt around the beatable teacher
-# (pgenrm_pipeline.yaml, pgenrm_from_shipped.yaml) and the scaling grid's new placement (scaling_grid.yaml) were
+# (pgenrm_pipeline.yaml, pgenrm_from_shipped.yaml) and the scaling grid's new placement (scaling_grid.yaml) and the
+# quickstart's brief PSI on a small world (quickstart.yaml) were
 # re-dumped into the baseline when they changed.
 ADDED_PGENRM_FIELDS = {"teacher": "votes", "label_filter": True, "hard_kind": "one_attribute", "both_orders": False,
                        "refill_rounds": 0, "stop_kl": None, "stop_parse_rate": None, "stop_patience": 2,
