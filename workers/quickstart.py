@@ -129,20 +129,20 @@ def run_quickstart(recipe: Recipe, out: Path, run: StageRunners) -> QuickstartSu
 
 
 def _pgenrm_result(recipe: Recipe, run: StageRunners) -> str:
-    """The last stage's accuracy (seen and cold-start users) and its paired gain over the stage before it."""
+    """The last stage's accuracy with its CI (seen and cold-start users), beside the first stage's on the same pairs
+    as coin flips for what it could not decide (an untrained GenRM parses nothing: 0%, 50% as coin flips)."""
     from pr_rlhf.pgenrm.report import collect
 
     cfg = recipe.pgenrm
     last = run.pgenrm(recipe)[cfg.stages[-1]]
-    row = next((r for r in collect(cfg.out, recipe.seed) if r["stage"] == cfg.stages[-1]), None)
-    gain = ""
-    if row is not None and row["seen"].get("gain"):
-        g = row["seen"]["gain"]
-        gain = (f"; vs {row['parent']} on the same pairs {100 * g['gain']:+.1f} [{100 * g['ci_low']:+.1f}, "
-                f"{100 * g['ci_high']:+.1f}]")
+    rows = {r["stage"]: r for r in collect(cfg.out, recipe.seed)}
+    first = rows.get(cfg.stages[0]) if len(cfg.stages) > 1 else None
     seen = last["seen"]["summary"]
+    before = "" if first is None else (f"; {cfg.stages[0]} on the same pairs "
+                                       f"{100 * first['seen']['coin_flip_accuracy']:.1f}% with unparsed and ties "
+                                       f"as coin flips ({first['seen']['failures']} unparsed)")
     return (f"{cfg.stages[-1]} after {cfg.psi.steps} PSI steps: seen {accuracy_with_misses(seen)} "
-            f"[{100 * seen['ci_low']:.1f}, {100 * seen['ci_high']:.1f}]{gain}, cold "
+            f"[{100 * seen['ci_low']:.1f}, {100 * seen['ci_high']:.1f}]{before}, cold "
             f"{accuracy_with_misses(last['cold']['summary'])}")
 
 
