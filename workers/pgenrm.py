@@ -439,13 +439,10 @@ class PGenRMPipeline:
             rewards = self.chain_rewards(item, [s.text for s in gen.samples], scfg)
             scored += rewards
             for sample, r in zip(gen.samples, rewards):
-                if r.parsed and r.outcome is not None:
-                    prefers_first = (r.outcome == 1.0) == item.first_is_chosen
-                    decided = r.outcome == 1.0 or self._decided(sample.text)
-                    if decided:
-                        first_slot.append(float(prefers_first))
-                    if item.contested:
-                        contested_or.append(r.outcome)
+                if r.prefers_first is not None:
+                    first_slot.append(float(r.prefers_first))
+                if r.parsed and item.contested:
+                    contested_or.append(r.outcome)
                 if model_dir and sample.logprobs:
                     pos = decision_position(self.token_texts(model_dir, sample.token_ids))
                     if pos is not None and pos < len(sample.logprobs):
@@ -467,17 +464,6 @@ class PGenRMPipeline:
             metrics["decision/entropy_mc"] = mean(fork_nll)
             metrics["decision/entropy_mc_contested"] = mean(fork_nll_contested)
         return np.array([r.reward for r in scored]), metrics
-
-    @staticmethod
-    def _decided(text: str) -> bool:
-        """Whether a parsed chain with outcome 0 decided for the rejected answer (not a tie)."""
-        from pr_rlhf.reward.sec import parse_sec
-
-        parsed = parse_sec(text)
-        if not parsed.ok or parsed.value is None:
-            return False
-        f1, f2 = parsed.value.final.get("response_1"), parsed.value.final.get("response_2")
-        return f1 is not None and f2 is not None and f1 != f2
 
     def grpo_prompts(self, items: list[PSIExample], both_orders: bool, first_group: int = 0
                      ) -> tuple[list[PSIExample], list[int]]:

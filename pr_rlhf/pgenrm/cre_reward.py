@@ -26,6 +26,7 @@ class CREReward:
     outcome: float | None        # None when the chain did not parse
     process: float | None
     parsed: bool
+    prefers_first: bool | None = None   # the chain's verdict by slot (None: unparsed or a tie)
 
 
 def criterion_attribute(name: str) -> tuple[str, bool] | None:
@@ -62,4 +63,5 @@ def cre_reward(text: str, first_is_chosen: bool, names: Sequence[str], x_1: Sequ
     f1, f2 = sec.final.get("response_1"), sec.final.get("response_2")
     outcome = 0.0 if f1 is None or f2 is None or f1 == f2 else float((f1 > f2) == first_is_chosen)
     process = process_reward(sec, names, x_1, x_2, true_weights)
-    return CREReward(alpha * process + beta * outcome, outcome, process, True)
+    prefers_first = None if f1 is None or f2 is None or f1 == f2 else f1 > f2
+    return CREReward(alpha * process + beta * outcome, outcome, process, True, prefers_first)

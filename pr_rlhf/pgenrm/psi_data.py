@@ -122,8 +122,8 @@ def psi_examples(world: World, history_size: int = 3, seed: int = 0, keep_incorr
 def in_other_order(example: PSIExample, world: World) -> PSIExample:
     """The same (history, pair) prompt with the two responses in the other slots (the target is left empty: the
     GRPO stages use the prompt only)."""
-    pair = next(p for p in world.pairs_of(example.user_id) if p.pair_id == example.pair_id)
     by_id = {p.pair_id: p for p in world.pairs_of(example.user_id)}
+    pair = by_id[example.pair_id]
     first = not example.first_is_chosen
     r1, r2 = (pair.chosen, pair.rejected) if first else (pair.rejected, pair.chosen)
     messages = sec_compact_prompt(rm_input(pair, [by_id[h] for h in example.history_ids]), r1, r2)
