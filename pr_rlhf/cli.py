@@ -501,6 +501,30 @@ def report_ablation(run_dir: Path = typer.Argument(..., help="a `pr-rlhf pgenrm`
     console.print(f"written: {report.markdown}, {report.figure}, {report.json}", highlight=False)
 
 
+@report_app.command("compare")
+def report_compare(new: Path = typer.Argument(..., help="a finished stage directory, e.g. runs/pgenrm_b/cre"),
+                   old: Path = typer.Argument(..., help="the stage it is compared with, e.g. runs/pgenrm/psi"),
+                   contested: Optional[Path] = typer.Option(
+                       None, help="contested.json splitting the pairs (default: the one beside OLD, if any)"),
+                   seed: int = typer.Option(0, help="bootstrap seed")) -> None:
+    """Paired gain of one P-GenRM stage over another on the same held-out pairs (95% bootstrap CI, changed
+    verdicts), on all pairs and on contested / other pairs; the stages may come from different runs."""
+    import json
+
+    from pr_rlhf.pgenrm.report import compare_stage_dirs, comparisons_markdown, contested_split
+
+    if contested is not None and not contested.is_file():
+        _fail(f"{contested}: no such file")
+    split = contested_split(contested or old.parent)
+    try:
+        row = compare_stage_dirs(new, old, split, seed)
+    except (FileNotFoundError, KeyError) as exc:
+        _fail(str(exc))
+        raise
+    console.print(comparisons_markdown([row]), highlight=False)
+    console.print(json.dumps(row, indent=1), highlight=False)
+
+
 @app.command()
 def quickstart(out: Path = typer.Option(Path("runs/quickstart"), "--out", "-o", help="run directory"),
                recipe: Path = typer.Option(Path("recipes/quickstart.yaml"), "--recipe", "-r"),

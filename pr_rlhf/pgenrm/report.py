@@ -103,13 +103,34 @@ def complete_results(run_dir: Path) -> dict[str, dict]:
     return results
 
 
-def contested_split(run_dir: Path) -> dict[str, set[str]]:
-    """{"contested": pair ids, "rest": pair ids} from the run's ``contested.json`` ({} when absent)."""
-    path = run_dir / CONTESTED_FILE
+def contested_split(source: Path) -> dict[str, set[str]]:
+    """{"contested": pair ids, "rest": pair ids} from a ``contested.json`` file or the one in a run directory ({}
+    when absent)."""
+    path = source / CONTESTED_FILE if source.is_dir() else source
     if not path.is_file():
         return {}
     flags = json.loads(path.read_text())
     return {"contested": {p for p, f in flags.items() if f}, "rest": {p for p, f in flags.items() if not f}}
+
+
+def compare_stage_dirs(new_dir: str | Path, old_dir: str | Path, split: dict[str, set[str]] | None = None,
+                       seed: int = 0) -> dict:
+    """Paired comparison of two finished stage directories (``<out>/<stage>``, from one run or two): per group,
+    the gain on all pairs and on each part of ``split`` (e.g. contested / other pairs)."""
+    new_dir, old_dir = Path(new_dir), Path(old_dir)
+    results = {}
+    for folder in (new_dir, old_dir):
+        path = folder / "result.json"
+        if not (is_complete(folder) and path.is_file()):
+            raise FileNotFoundError(f"{folder}: not a finished P-GenRM stage (no COMPLETE marker or result.json)")
+        results[folder] = json.loads(path.read_text())
+    row: dict = {"stage": new_dir.name, "baseline": old_dir.name}
+    for group in GROUPS:
+        a, b = (correct_by_pair(stage_predictions(f.parent, f.name, group, results[f][group]["predictions"]))
+                for f in (new_dir, old_dir))
+        row[group] = {"all": paired_gain(a, b, seed),
+                      **{name: paired_gain(a, b, seed, only=ids) for name, ids in (split or {}).items()}}
+    return row
 
 
 def comparisons(run_dir: str | Path, seed: int = 0) -> list[dict]:
@@ -118,18 +139,8 @@ def comparisons(run_dir: str | Path, seed: int = 0) -> list[dict]:
     run_dir = Path(run_dir)
     results = complete_results(run_dir)
     split = contested_split(run_dir)
-    out = []
-    for new, old in COMPARISONS:
-        if new not in results or old not in results:
-            continue
-        row: dict = {"stage": new, "baseline": old}
-        for group in GROUPS:
-            a = correct_by_pair(stage_predictions(run_dir, new, group, results[new][group]["predictions"]))
-            b = correct_by_pair(stage_predictions(run_dir, old, group, results[old][group]["predictions"]))
-            row[group] = {"all": paired_gain(a, b, seed),
-                          **{name: paired_gain(a, b, seed, only=ids) for name, ids in split.items()}}
-        out.append(row)
-    return out
+    return [compare_stage_dirs(run_dir / new, run_dir / old, split, seed)
+            for new, old in COMPARISONS if new in results and old in results]
 
 
 def collect(run_dir: str | Path, seed: int = 0) -> list[dict]:
