@@ -183,13 +183,13 @@ def chain_decision(text: str, first_is_chosen: bool) -> int | None:
 
 
 def sample_statistics(decisions: Sequence[Sequence[int | None]], greedy: Sequence[int | None]) -> dict[str, float]:
-    """greedy, maj@k (most common valid decision; a tie of votes or no valid sample is wrong), pass@k and the share
-    of prompts whose valid samples hold both decisions."""
+    """greedy, maj@k (most common valid decision; a tie of votes counts half, as the coin flip that breaks it
+    would; no valid sample is wrong), pass@k and the share of prompts whose valid samples hold both decisions."""
     maj, passed, mixed = [], [], []
     for ds in decisions:
         valid = [d for d in ds if d is not None]
         ones = sum(valid)
-        maj.append(float(ones * 2 > len(valid)))
+        maj.append(0.5 if valid and ones * 2 == len(valid) else float(ones * 2 > len(valid)))
         passed.append(float(ones > 0))
         mixed.append(float(0 < ones < len(valid)))
     return {"greedy": float(np.mean([g == 1 for g in greedy])), "maj": float(np.mean(maj)),

@@ -93,7 +93,7 @@ def test_sample_statistics_greedy_majority_pass_and_mixed():
     decisions = [[1, 1, 0, None], [0, 0, 0, 0], [1, 0, None, None], [None] * 4]
     stats = sample_statistics(decisions, [1, 0, 0, None])
     assert stats["greedy"] == 0.25
-    assert stats["maj"] == 0.25            # a tie of votes and no valid sample are wrong
+    assert stats["maj"] == pytest.approx(1.5 / 4)   # a tie of votes counts half, no valid sample is wrong
     assert stats["pass"] == 0.5
     assert stats["mixed_share"] == 0.5
     assert stats["invalid_sample_share"] == pytest.approx(7 / 16)
