@@ -519,8 +519,8 @@ class PGenRMPipeline:
                 prompts, group_of = self.grpo_prompts(items, scfg.both_orders)
 
                 def refill(rnd: int, count: int, step: int = step) -> tuple[list, list[int]]:
-                    # fresh prompts at the natural mix, seeded by (step, round), group ids after the step's own
-                    more = step_prompts(pool, hard, 10_000 * (rnd + 1) + step, count, self.recipe.seed)
+                    # fresh prompts at the step's mix, seeded by (step, round), group ids after the step's own
+                    more = step_prompts(pool, hard, step, count, self.recipe.seed, schedule, draw=rnd + 1)
                     return self.grpo_prompts(more, scfg.both_orders, first_group=len(items) * (rnd + 2))
                 metrics = rl_step(learner, rollouts, rl_cfg, prompts, rewards, step, self.recipe.seed,
                                   group_of=group_of, refill=refill if scfg.refill_rounds else None,

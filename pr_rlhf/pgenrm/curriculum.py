@@ -20,20 +20,22 @@ def hard_share_at(step: int, steps: int, start: float, end: float) -> float:
 
 
 def step_prompts(pool: Sequence[T], hard: Sequence[bool], step: int, count: int, seed: int,
-                 schedule: tuple[float, float, int] | None = None) -> list[T]:
+                 schedule: tuple[float, float, int] | None = None, draw: int = 0) -> list[T]:
     """``count`` prompts for ``step``. Without a schedule: a seeded sample of the whole pool (its natural mix).
     With ``schedule = (start, end, steps)``: round(share * count) hard prompts and the rest standard ones, each
-    a seeded sample without replacement from its part of the pool."""
-    rng = np.random.default_rng([seed, step, 23])
+    a seeded sample without replacement from its part of the pool. ``draw`` > 0: a further, independent draw
+    for the same step (the refill of dynamic sampling), at the step's share."""
+    rng = np.random.default_rng([seed, step, 23] + ([draw] if draw else []))
     if schedule is None:
         return [pool[i] for i in rng.choice(len(pool), min(count, len(pool)), replace=False)]
     start, end, steps = schedule
     hard_idx = [i for i, h in enumerate(hard) if h]
     easy_idx = [i for i, h in enumerate(hard) if not h]
-    if not hard_idx or not easy_idx:
+    share = hard_share_at(step, steps, start, end)
+    if (share > 0 and not hard_idx) or (share < 1 and not easy_idx):
         raise ValueError(f"a curriculum needs hard and standard prompts; the pool has {len(hard_idx)} hard and "
                          f"{len(easy_idx)} standard")
-    n_hard = int(round(hard_share_at(step, steps, start, end) * count))
+    n_hard = int(round(share * count))
     picked = list(rng.choice(hard_idx, min(n_hard, len(hard_idx)), replace=False)) + \
         list(rng.choice(easy_idx, min(count - n_hard, len(easy_idx)), replace=False))
     return [pool[i] for i in picked]

@@ -60,6 +60,10 @@ def test_curriculum_share_rises_and_sampling_is_seeded():
     assert step_prompts(pool, hard, 3, 10, 1) != step_prompts(pool, hard, 4, 10, 1)
     with pytest.raises(ValueError, match="hard and standard"):
         step_prompts(pool, [False] * 100, 0, 10, 1, schedule=(0.5, 0.5, 2))
+    # a refill draw: independent of the step's own draw, at the step's share; hard-only needs no standard prompts
+    refill = step_prompts(pool, hard, 10, 10, 1, schedule=(0.2, 0.8, 11), draw=1)
+    assert sum(hard[i] for i in refill) == 8 and refill != step_prompts(pool, hard, 10, 10, 1, (0.2, 0.8, 11))
+    assert all(hard[i] for i in step_prompts(pool, hard, 0, 10, 1, schedule=(1.0, 1.0, 5), draw=2))
 
 
 def test_paired_gain_and_report_from_stage_results(tmp_path):
