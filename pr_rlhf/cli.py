@@ -511,18 +511,21 @@ def report_compare(new: Path = typer.Argument(..., help="a finished stage direct
     verdicts), on all pairs and on contested / other pairs; the stages may come from different runs."""
     import json
 
-    from pr_rlhf.pgenrm.report import compare_stage_dirs, comparisons_markdown, contested_split
+    from pr_rlhf.pgenrm.report import compare_stage_dirs, comparisons_markdown, contested_split, type_choice_markdown
 
     if contested is not None and not contested.is_file():
         _fail(f"{contested}: no such file")
     split = contested_split(contested or old.parent)
     try:
-        row = compare_stage_dirs(new, old, split, seed)
+        row = compare_stage_dirs(new, old, split, seed, with_type_choice=True)
     except (FileNotFoundError, KeyError) as exc:
         _fail(str(exc))
         raise
-    console.print(comparisons_markdown([row]), highlight=False)
-    console.print(json.dumps(row, indent=1), highlight=False)
+    console.print(comparisons_markdown([row]), highlight=False, soft_wrap=True)
+    console.print("How each vote chain chose Type among the latest pair's candidates"
+                  + (" (contested pairs):" if split else ":"), highlight=False)
+    console.print(type_choice_markdown(row), highlight=False, soft_wrap=True)
+    console.print(json.dumps(row, indent=1), highlight=False, soft_wrap=True)
 
 
 @app.command()

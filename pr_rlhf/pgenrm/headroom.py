@@ -22,6 +22,7 @@ share of prompts with mixed decisions among their k samples, and the entropy at 
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -180,6 +181,44 @@ def chain_decision(text: str, first_is_chosen: bool) -> int | None:
     if f1 is None or f2 is None or f1 == f2:
         return None
     return int((f1 > f2) == first_is_chosen)
+
+
+TYPE_CHOICES = ("top", "non_top", "tie_first", "tie_other")
+_VOTES_LINE = re.compile(r"^Votes:((?:\s+[A-Z]\d+)+)\s*$", re.M)
+_TYPE_LINE = re.compile(r"^Type:\s*([A-Z])\s*$", re.M)
+_AGREES_LINE = re.compile(r"^Agrees \d+:\s*(.*)$", re.M)
+
+
+def type_choice(text: str) -> str | None:
+    """How a vote chain's ``Type`` relates to its own lines, among the types agreeing with the most recent history
+    pair (the ``recent_pair`` teacher's candidates): ``top`` (the one candidate with the most votes), ``non_top``,
+    ``tie_first`` (the first of candidates tied on votes: the vote rule's choice) or ``tie_other``. None when the
+    chain has no such lines or its Type is not a candidate. Never raises on model output."""
+    votes_m, type_m, agrees = _VOTES_LINE.search(text), _TYPE_LINE.search(text), _AGREES_LINE.findall(text)
+    if not (votes_m and type_m and agrees):
+        return None
+    votes = {v[0]: int(v[1:]) for v in votes_m.group(1).split()}
+    candidates = [t for t in agrees[-1].split() if t in votes]
+    chosen = type_m.group(1)
+    if chosen not in candidates:
+        return None
+    best = max(votes[t] for t in candidates)
+    tops = [t for t in candidates if votes[t] == best]
+    if len(tops) == 1:
+        return "top" if chosen == tops[0] else "non_top"
+    return "tie_first" if chosen == tops[0] else ("tie_other" if chosen in tops else "non_top")
+
+
+def type_choice_table(rows: Sequence[dict], only: set[str] | None = None) -> dict[str, dict[str, float]]:
+    """{choice: {"pairs", "accuracy"}} over evaluation rows (``pair_id``, ``raw``, ``correct``), with the chains
+    whose choice cannot be read counted under ``unread``."""
+    table: dict[str, list[float]] = {}
+    for r in rows:
+        if only is not None and r["pair_id"] not in only:
+            continue
+        table.setdefault(type_choice(r.get("raw") or "") or "unread", []).append(float(r["correct"]))
+    return {k: {"pairs": len(v), "accuracy": float(np.mean(v))}
+            for k, v in sorted(table.items(), key=lambda kv: (TYPE_CHOICES + ("unread",)).index(kv[0]))}
 
 
 def sample_statistics(decisions: Sequence[Sequence[int | None]], greedy: Sequence[int | None]) -> dict[str, float]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pr_rlhf.files import is_complete
+from pr_rlhf.pgenrm.headroom import TYPE_CHOICES, type_choice_table
 from pr_rlhf.report_files import new_figure, write_report_files
 from pr_rlhf.stats import paired_difference_ci
 
@@ -114,9 +115,10 @@ def contested_split(source: Path) -> dict[str, set[str]]:
 
 
 def compare_stage_dirs(new_dir: str | Path, old_dir: str | Path, split: dict[str, set[str]] | None = None,
-                       seed: int = 0) -> dict:
+                       seed: int = 0, with_type_choice: bool = False) -> dict:
     """Paired comparison of two finished stage directories (``<out>/<stage>``, from one run or two): per group,
-    the gain on all pairs and on each part of ``split`` (e.g. contested / other pairs)."""
+    the gain on all pairs and on each part of ``split`` (e.g. contested / other pairs), and with
+    ``with_type_choice`` how each stage's vote chains chose ``Type`` on the contested pairs."""
     new_dir, old_dir = Path(new_dir), Path(old_dir)
     results = {}
     for folder in (new_dir, old_dir):
@@ -126,11 +128,36 @@ def compare_stage_dirs(new_dir: str | Path, old_dir: str | Path, split: dict[str
         results[folder] = json.loads(path.read_text())
     row: dict = {"stage": new_dir.name, "baseline": old_dir.name}
     for group in GROUPS:
-        a, b = (correct_by_pair(stage_predictions(f.parent, f.name, group, results[f][group]["predictions"]))
-                for f in (new_dir, old_dir))
+        files = [stage_predictions(f.parent, f.name, group, results[f][group]["predictions"])
+                 for f in (new_dir, old_dir)]
+        a, b = map(correct_by_pair, files)
         row[group] = {"all": paired_gain(a, b, seed),
                       **{name: paired_gain(a, b, seed, only=ids) for name, ids in (split or {}).items()}}
+        if with_type_choice:
+            only = (split or {}).get("contested")
+            row[group]["type_choice"] = {part: type_choice_table(_verdict_rows(path), only)
+                                         for part, path in zip(("new", "old"), files)}
     return row
+
+
+def _verdict_rows(predictions: str) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    names = pq.read_schema(predictions).names
+    return pq.read_table(predictions, columns=[c for c in ("pair_id", "raw", "correct") if c in names]).to_pylist()
+
+
+def type_choice_markdown(row: dict) -> str:
+    """How each stage's ``Type`` relates to its own votes (:func:`headroom.type_choice`), on the contested pairs
+    (all pairs without a split): pairs and accuracy per kind of choice."""
+    lines = ["| stage | group | " + " | ".join(TYPE_CHOICES) + " | unread |", "|---|---|" + "---|" * 5]
+    for group in GROUPS:
+        for part, name in (("old", row["baseline"]), ("new", row["stage"])):
+            table = row[group].get("type_choice", {}).get(part, {})
+            lines.append(f"| {name} | {group} | " + " | ".join(
+                f"{table[k]['pairs']} ({100 * table[k]['accuracy']:.0f}% right)" if k in table else "0"
+                for k in TYPE_CHOICES + ("unread",)) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def comparisons(run_dir: str | Path, seed: int = 0) -> list[dict]:

@@ -59,6 +59,7 @@ def test_report_compare_cli(two_runs, tmp_path):
     result = CliRunner().invoke(app, ["report", "compare", str(new), str(old)])
     assert result.exit_code == 0, result.output
     assert "cre - psi" in result.output and "10 of 20 changed" in result.output
+    assert "| psi | seen | 0 | 0 | 0 | 0 | 20 (50% right) |" in result.output   # no chains: unread
     missing = CliRunner().invoke(app, ["report", "compare", str(new), str(old), "--contested",
                                        str(tmp_path / "nope.json")])
     assert missing.exit_code != 0 and "nope.json: no such file" in missing.output

@@ -12,6 +12,8 @@ from pr_rlhf.pgenrm.headroom import (
     offline_headroom,
     sample_statistics,
     teacher_expected,
+    type_choice,
+    type_choice_table,
     type_correct,
 )
 from pr_rlhf.pgenrm.oracle_chain import TYPE_LABELS, oracle_chain, teacher_types, vote_type
@@ -155,3 +157,20 @@ def test_grpo_stage_options_validate():
     control = cfg.stage_config("control")
     assert control.hard_share_start is None and control.steps == cfg.curriculum.steps
     assert control.alpha == cfg.curriculum.alpha
+
+
+def test_type_choice_reads_the_chain_against_its_own_votes():
+    lines = "Example 1: x > y\nAgrees 1: A\nExample 2: x > y\nAgrees 2: A C\nVotes: A2 B0 C1\nType: {}\nPrefers: +a"
+    assert type_choice(lines.format("A")) == "top"
+    assert type_choice(lines.format("C")) == "non_top"
+    assert type_choice(lines.format("B")) is None                     # not among the latest pair's candidates
+    tied = "Agrees 1: B C\nVotes: A0 B1 C1\nType: {}\n"
+    assert type_choice(tied.format("B")) == "tie_first" and type_choice(tied.format("C")) == "tie_other"
+    assert type_choice("Votes: A1\n") is None and type_choice("garbage <persona>") is None
+    rows = [{"pair_id": "p1", "raw": tied.format("B"), "correct": True},
+            {"pair_id": "p2", "raw": tied.format("C"), "correct": False},
+            {"pair_id": "p3", "raw": "unparseable", "correct": False},
+            {"pair_id": "p4", "raw": tied.format("C"), "correct": True}]
+    table = type_choice_table(rows, only={"p1", "p2", "p3"})
+    assert table == {"tie_first": {"pairs": 1, "accuracy": 1.0}, "tie_other": {"pairs": 1, "accuracy": 0.0},
+                     "unread": {"pairs": 1, "accuracy": 0.0}}
