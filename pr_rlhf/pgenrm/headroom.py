@@ -135,6 +135,7 @@ def offline_headroom(world: World, teacher: TeacherRule, history_size: int = 3, 
             "teachers": {d: _split_means(v, contested) for d, v in per_design.items()},
             # pairs where the teacher can decide otherwise than the best rule (its expected accuracy differs)
             "teacher_differs_share": {d: float(np.mean(np.abs(v - rule) > 1e-9)) for d, v in per_design.items()},
+            "candidate_roles": candidate_roles(world, prior, items),
         }
     seen = out["groups"]["seen"]
     for d in designs:
@@ -145,7 +146,9 @@ def offline_headroom(world: World, teacher: TeacherRule, history_size: int = 3, 
         mixed = 1 - p ** group_size - (1 - p) ** group_size
         out["grpo_pool"] = {"prompts": len(p), "group_size": group_size,
                             "expected_groups_with_variance": float(mixed.mean()),
-                            "teacher_accuracy": float(p.mean())}
+                            "teacher_accuracy": float(p.mean()),
+                            "candidate_roles": candidate_roles(world, prior,
+                                                               [HeldOutItem(pair, hist) for pair, hist in pool])}
     return out
 
 
@@ -199,7 +202,12 @@ def type_choice(text: str) -> str | None:
         return None
     votes = {v[0]: int(v[1:]) for v in votes_m.group(1).split()}
     candidates = [t for t in agrees[-1].split() if t in votes]
-    chosen = type_m.group(1)
+    return candidate_role(votes, candidates, type_m.group(1))
+
+
+def candidate_role(votes: dict, candidates: Sequence, chosen) -> str | None:
+    """The role of ``chosen`` among ``candidates`` by their ``votes`` (see :func:`type_choice`); None when it
+    is not a candidate."""
     if chosen not in candidates:
         return None
     best = max(votes[t] for t in candidates)
@@ -207,6 +215,22 @@ def type_choice(text: str) -> str | None:
     if len(tops) == 1:
         return "top" if chosen == tops[0] else "non_top"
     return "tie_first" if chosen == tops[0] else ("tie_other" if chosen in tops else "non_top")
+
+
+def candidate_roles(world: World, prior: WorldPrior, items: Sequence[HeldOutItem]) -> dict[str, dict[str, float]]:
+    """On the contested items, how often deciding by a ``recent_pair`` candidate of each role is right: what a
+    policy choosing among the candidates can learn from these items ({role: {"candidates", "right"}}). Compare
+    the GRPO pool's with the evaluation's: RL learns the pool's."""
+    table: dict[str, list[float]] = {}
+    for it in items:
+        candidates = teacher_types(world.archetypes, it.history, "recent_pair")
+        right = {k: type_correct(world, prior, it, k) for k in candidates}
+        if len(set(right.values())) < 2:       # not contested: every candidate decides alike
+            continue
+        votes = dict(enumerate(vote_type(world.archetypes, it.history)[1]))
+        for k in candidates:
+            table.setdefault(candidate_role(votes, candidates, k) or "non_top", []).append(float(right[k]))
+    return {r: {"candidates": len(table[r]), "right": float(np.mean(table[r]))} for r in TYPE_CHOICES if r in table}
 
 
 def type_choice_table(rows: Sequence[dict], only: set[str] | None = None) -> dict[str, dict[str, float]]:
@@ -329,6 +353,17 @@ def headroom_markdown(offline: dict[str, Any], model: dict[str, Any] | None = No
         lines += ["", f"GRPO prompt pool: {pool['prompts']} prompts; the teacher's own accuracy there "
                       f"{_pct(pool['teacher_accuracy'])}%; expected share of groups of {pool['group_size']} with "
                       f"reward variance under a teacher-like policy: {_pct(pool['expected_groups_with_variance'])}%."]
+    sources = [(f"{group} pairs", g.get("candidate_roles")) for group, g in offline["groups"].items()]
+    sources.append(("GRPO pool", (pool or {}).get("candidate_roles")))
+    if any(roles for _, roles in sources):
+        lines += ["", "What a choice among the teacher's candidates earns on contested items (RL learns the pool's "
+                      "column; the evaluation scores the others): % right by the candidate's role, (candidates)", "",
+                  "| candidate | " + " | ".join(name for name, _ in sources) + " |",
+                  "|---|" + "---|" * len(sources)]
+        for role in TYPE_CHOICES:
+            lines.append(f"| {role} | " + " | ".join(
+                f"{_pct(roles[role]['right'])} ({roles[role]['candidates']})" if roles and role in roles else "-"
+                for _, roles in sources) + " |")
     if model:
         lines += ["", f"**On the model** ({model['prompts']} held-out seen-user prompts, {model['k']} samples at "
                       f"temperature {model['temperature']}; contested share {_pct(model['contested_share'])}%):", "",

@@ -6,6 +6,7 @@ from pr_rlhf.configs.pgenrm import GRPOStageConfig, PGenRMConfig
 from pr_rlhf.configs.world import WorldConfig
 from pr_rlhf.pgenrm.headroom import (
     HeldOutItem,
+    candidate_roles,
     decision_position,
     gate,
     held_out_items,
@@ -174,3 +175,21 @@ def test_type_choice_reads_the_chain_against_its_own_votes():
     table = type_choice_table(rows, only={"p1", "p2", "p3"})
     assert table == {"tie_first": {"pairs": 1, "accuracy": 1.0}, "tie_other": {"pairs": 1, "accuracy": 0.0},
                      "unread": {"pairs": 1, "accuracy": 0.0}}
+
+
+def test_candidate_roles_agree_with_the_type_choice_read_from_each_candidates_chain(world, prior):
+    items = held_out_items(world, "seen", 3)
+    roles = candidate_roles(world, prior, items)
+    expected: dict[str, list[float]] = {}
+    for it in items:
+        if not is_contested(world, prior, it.pair, it.history):
+            continue
+        for k in teacher_types(world.archetypes, it.history, "recent_pair"):
+            chain = oracle_chain(world, prior, it.pair, it.history, True, "vote", type_index=k)
+            expected.setdefault(type_choice(chain.sec.persona), []).append(float(chain.correct))
+    assert roles and set(roles) == set(expected) <= {"top", "non_top", "tie_first", "tie_other"}
+    for role, values in expected.items():
+        assert roles[role]["candidates"] == len(values)
+        assert roles[role]["right"] == pytest.approx(np.mean(values))
+    if "top" in roles and "non_top" in roles:    # the most-voted candidate is the better bet
+        assert roles["top"]["right"] > roles["non_top"]["right"]
