@@ -60,8 +60,7 @@ def cre_reward(text: str, first_is_chosen: bool, names: Sequence[str], x_1: Sequ
     if not parsed.ok or parsed.value is None:
         return CREReward(format_penalty, None, None, False)
     sec = parsed.value
-    f1, f2 = sec.final.get("response_1"), sec.final.get("response_2")
-    outcome = 0.0 if f1 is None or f2 is None or f1 == f2 else float((f1 > f2) == first_is_chosen)
+    prefers_first = sec.prefers_first
+    outcome = 0.0 if prefers_first is None else float(prefers_first == first_is_chosen)
     process = process_reward(sec, names, x_1, x_2, true_weights)
-    prefers_first = None if f1 is None or f2 is None or f1 == f2 else f1 > f2
     return CREReward(alpha * process + beta * outcome, outcome, process, True, prefers_first)

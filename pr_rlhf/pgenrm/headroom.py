@@ -180,10 +180,8 @@ def chain_decision(text: str, first_is_chosen: bool) -> int | None:
     parsed = parse_sec(text)
     if not parsed.ok or parsed.value is None:
         return None
-    f1, f2 = parsed.value.final.get("response_1"), parsed.value.final.get("response_2")
-    if f1 is None or f2 is None or f1 == f2:
-        return None
-    return int((f1 > f2) == first_is_chosen)
+    prefers_first = parsed.value.prefers_first
+    return None if prefers_first is None else int(prefers_first == first_is_chosen)
 
 
 TYPE_CHOICES = ("top", "non_top", "tie_first", "tie_other")

@@ -57,10 +57,10 @@ def teacher_examples(inputs: Sequence[RMInput], engine: Engine, params: Sampling
             if not parsed.ok or parsed.value is None:
                 stats.rejected[str(parsed.error)] += 1
                 continue
-            f1, f2 = parsed.value.final["response_1"], parsed.value.final["response_2"]
-            if f1 == f2:
+            prefers_first = parsed.value.prefers_first
+            if prefers_first is None:
                 stats.rejected["tie"] += 1
-            elif (f1 > f2) != first_is_chosen:
+            elif prefers_first != first_is_chosen:
                 stats.rejected["wrong"] += 1
             elif not kept:
                 kept = True

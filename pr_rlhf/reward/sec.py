@@ -65,6 +65,13 @@ class SEC:
     def weights(self) -> dict[str, float]:
         return {c.name: c.weight for c in self.criteria}
 
+    @property
+    def prefers_first(self) -> bool | None:
+        """The chain's verdict by slot: True when response_1's final score is higher, False when lower, None on a
+        tie or a missing final score."""
+        f1, f2 = self.final.get("response_1"), self.final.get("response_2")
+        return None if f1 is None or f2 is None or f1 == f2 else f1 > f2
+
     def weighted_sums(self) -> dict[str, float] | None:
         """Each response's weighted sum of criterion scores; None when the scores do not cover the criteria."""
         aligned = _align(self.criteria, self.scores)

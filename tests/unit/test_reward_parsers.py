@@ -296,6 +296,13 @@ def test_final_variants():
     assert wrapped.final == {"response_1": 6.0, "response_2": 7.0}
     in_list = parse_sec("<final>[{\"response_1\": 7, \"response_2\": 5}]</final>").value  # first object wins
     assert in_list.final == {"response_1": 7.0, "response_2": 5.0}
+    assert in_list.prefers_first is True and nested.prefers_first is False
+
+
+def test_prefers_first_is_none_on_a_tie_or_a_missing_score():
+    assert SEC("p", final={"response_1": 5.0, "response_2": 5.0}).prefers_first is None
+    assert SEC("p", final={"response_1": 5.0}).prefers_first is None
+    assert SEC("p").prefers_first is None
 
 
 def test_public_better_response_shape():
