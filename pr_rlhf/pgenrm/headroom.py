@@ -31,7 +31,7 @@ import numpy as np
 
 from pr_rlhf.configs.pgenrm import PGenRMConfig
 from pr_rlhf.pgenrm.oracle_chain import TeacherRule, oracle_chain, teacher_types, vote_type
-from pr_rlhf.pgenrm.psi_data import is_contested
+from pr_rlhf.pgenrm.psi_data import candidate_decisions, is_contested
 from pr_rlhf.world.generator import World, WorldPair
 from pr_rlhf.world.reference import WorldPrior
 
@@ -221,13 +221,12 @@ def candidate_roles(world: World, prior: WorldPrior, items: Sequence[HeldOutItem
     the GRPO pool's with the evaluation's: RL learns the pool's."""
     table: dict[str, list[float]] = {}
     for it in items:
-        candidates = teacher_types(world.archetypes, it.history, "recent_pair")
-        right = {k: type_correct(world, prior, it, k) for k in candidates}
-        if len(set(right.values())) < 2:       # not contested: every candidate decides alike
+        right = candidate_decisions(world, prior, it.pair, it.history)
+        if len(set(right.values())) < 2:       # not contested (is_contested): every candidate decides alike
             continue
         votes = dict(enumerate(vote_type(world.archetypes, it.history)[1]))
-        for k in candidates:
-            table.setdefault(candidate_role(votes, candidates, k) or "non_top", []).append(float(right[k]))
+        for k, ok in right.items():
+            table.setdefault(str(candidate_role(votes, list(right), k)), []).append(float(ok))
     return {r: {"candidates": len(table[r]), "right": float(np.mean(table[r]))} for r in TYPE_CHOICES if r in table}
 
 

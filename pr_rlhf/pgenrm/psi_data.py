@@ -68,11 +68,17 @@ def example_histories(train: list[WorldPair], history_size: int, variants: int, 
             yield [others[i] for i in picked], pair, (seed, user_index, j, v)
 
 
+def candidate_decisions(world: World, prior: WorldPrior, pair: WorldPair, history: list[WorldPair]
+                        ) -> dict[int, bool]:
+    """Per type that agrees with the most recent history pair (the ``recent_pair`` teacher's candidates): whether
+    the vote chain deciding by it prefers the chosen answer of ``pair``."""
+    return {k: oracle_chain(world, prior, pair, history, True, "vote", type_index=k).correct
+            for k in teacher_types(world.archetypes, history, "recent_pair")}
+
+
 def is_contested(world: World, prior: WorldPrior, pair: WorldPair, history: list[WorldPair]) -> bool:
     """Whether the types that agree with the most recent history pair decide ``pair`` differently."""
-    decisions = {oracle_chain(world, prior, pair, history, True, "vote", type_index=k).correct
-                 for k in teacher_types(world.archetypes, history, "recent_pair")}
-    return len(decisions) > 1
+    return len(set(candidate_decisions(world, prior, pair, history).values())) > 1
 
 
 def teacher_chain(world: World, prior: WorldPrior, pair: WorldPair, history: list[WorldPair], first_is_chosen: bool,
