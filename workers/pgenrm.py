@@ -26,7 +26,7 @@ from pr_rlhf.models.prompting import load_tokenizer
 from pr_rlhf.models.sources import resolve_model
 from pr_rlhf.pgenrm.cre_reward import cre_reward
 from pr_rlhf.pgenrm.curriculum import hard_share_at, step_prompts
-from pr_rlhf.pgenrm.psi_data import PSIExample, in_other_order, psi_examples
+from pr_rlhf.pgenrm.psi_data import PSIExample, grpo_pool, in_other_order, psi_examples
 from pr_rlhf.rl.prompts import batch_at, sft_example
 from pr_rlhf.stats import mean_ci
 from pr_rlhf.tracking import make_tracker
@@ -498,7 +498,7 @@ class PGenRMPipeline:
         from workers.rollout import spawn_rollout_worker
 
         scfg = self.cfg.stage_config(stage)
-        pool = self.examples(keep_incorrect=True)
+        pool = grpo_pool(self.examples(keep_incorrect=True), scfg.min_history)
         hard = [e.contested if scfg.hard_kind == "contested" else e.hardness == "hard" for e in pool]
         schedule = None if scfg.hard_share_start is None else (scfg.hard_share_start, scfg.hard_share_end,
                                                                scfg.steps)

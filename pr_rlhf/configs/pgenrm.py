@@ -87,6 +87,10 @@ class GRPOStageConfig(StrictModel):
                                      "that fits the history prefers the rejected answer)")
     both_orders: bool = Field(False, description="half of each group's chains see the pair in order (A, B), half "
                                                  "in (B, A); one group, one advantage baseline (against slot drift)")
+    min_history: int = Field(0, ge=0, description="draw prompts only from examples with at least this many history "
+                             "pairs (the pipeline's history_size: prompts shaped like the evaluation's, so what RL "
+                             "learns from the pool, e.g. how ties between candidate types break, is what the "
+                             "evaluation rewards; psi_data.grpo_pool)")
     refill_rounds: int = Field(0, ge=0, description="dynamic sampling: rounds of fresh prompts drawn to replace "
                                                     "groups whose rewards are all equal (no gradient)")
     stop_kl: float | None = Field(None, gt=0, description="stop the stage when the KL to the starting model per "

@@ -385,8 +385,9 @@ def headroom_markdown(offline: dict[str, Any], model: dict[str, Any] | None = No
 def pipeline_headroom(cfg: PGenRMConfig, seed: int, world: World | None = None, prior: WorldPrior | None = None,
                       examples: Sequence[Any] | None = None) -> dict[str, Any]:
     """The offline check of a ``pgenrm:`` recipe section: its world, teacher and history size, and its GRPO pool
-    (every (history, pair) example of the seen users' train pairs; ``examples`` when already built)."""
-    from pr_rlhf.pgenrm.psi_data import psi_examples
+    (the seen users' (history, pair) train examples with >= ``cre.min_history`` history pairs; ``examples``: when
+    already built)."""
+    from pr_rlhf.pgenrm.psi_data import grpo_pool, psi_examples
     from pr_rlhf.world.generator import build_world
 
     world = world or build_world(cfg.world)
@@ -396,7 +397,8 @@ def pipeline_headroom(cfg: PGenRMConfig, seed: int, world: World | None = None, 
                                    style=cfg.chain_style, history_variants=cfg.psi.history_variants,
                                    teacher=cfg.psi.teacher)
     by_id = {p.pair_id: p for p in world.pairs}
-    pool = [(by_id[e.pair_id], [by_id[h] for h in e.history_ids]) for e in examples]
+    pool = [(by_id[e.pair_id], [by_id[h] for h in e.history_ids])
+            for e in grpo_pool(list(examples), cfg.cre.min_history)]
     return offline_headroom(world, cfg.psi.teacher, cfg.history_size, prior=prior, group_size=cfg.cre.group_size,
                             pool=pool)
 

@@ -125,6 +125,14 @@ def psi_examples(world: World, history_size: int = 3, seed: int = 0, keep_incorr
     return out, stats
 
 
+def grpo_pool(examples: list[PSIExample], min_history: int = 0) -> list[PSIExample]:
+    """The GRPO stages' prompts: the examples whose history has at least ``min_history`` pairs."""
+    pool = [e for e in examples if len(e.history_ids) >= min_history]
+    if not pool:
+        raise ValueError(f"no example has >= {min_history} history pairs (min_history of a GRPO stage)")
+    return pool
+
+
 def in_other_order(example: PSIExample, world: World) -> PSIExample:
     """The same (history, pair) prompt with the two responses in the other slots (the target is left empty: the
     GRPO stages use the prompt only)."""

@@ -11,6 +11,7 @@ from pr_rlhf.pgenrm.headroom import (
     gate,
     held_out_items,
     offline_headroom,
+    pipeline_headroom,
     sample_statistics,
     teacher_expected,
     type_choice,
@@ -18,7 +19,7 @@ from pr_rlhf.pgenrm.headroom import (
     type_correct,
 )
 from pr_rlhf.pgenrm.oracle_chain import TYPE_LABELS, oracle_chain, teacher_types, vote_type
-from pr_rlhf.pgenrm.psi_data import in_other_order, is_contested, psi_examples
+from pr_rlhf.pgenrm.psi_data import grpo_pool, in_other_order, is_contested, psi_examples
 from pr_rlhf.world.generator import build_world
 from pr_rlhf.world.reference import WorldPrior
 
@@ -141,6 +142,20 @@ def test_other_order_swaps_the_slots_of_the_same_prompt(world, prior):
         return [next(x for x in lines if x.startswith(f"Response {i}:")).split(":", 1)[1] for i in (1, 2)]
     assert responses(flipped) == responses(e)[::-1] and responses(e)[0] != responses(e)[1]
     assert in_other_order(flipped, world).messages == e.messages
+
+
+def test_grpo_pool_keeps_the_evaluation_shaped_prompts(world, prior):
+    examples, _ = psi_examples(world, 3, seed=0, keep_incorrect=True, prior=prior, style="vote", history_variants=4)
+    sizes = {len(e.history_ids) for e in examples}
+    assert sizes == {1, 2, 3}
+    pool = grpo_pool(examples, 3)
+    assert pool and all(len(e.history_ids) == 3 for e in pool)
+    assert len(pool) == sum(len(e.history_ids) == 3 for e in examples) and grpo_pool(examples) == examples
+    with pytest.raises(ValueError, match="history pairs"):
+        grpo_pool(examples, 4)
+    cfg = PGenRMConfig(world=WORLD, psi={"teacher": "recent_pair", "history_variants": 4}, cre={"min_history": 3})
+    offline = pipeline_headroom(cfg, 0, world, prior, examples)
+    assert offline["grpo_pool"]["prompts"] == len(pool)
 
 
 def test_chain_decision_of_a_type_matches_the_oracle_chain(world, prior):
