@@ -40,14 +40,16 @@ class HeldOut:
     oracle_chain: str
 
 
-def held_out(world: World, prior: WorldPrior, tok, style: str, n: int, seed: int = 0) -> list[HeldOut]:
-    """``n`` val/test pairs of seen users, their first 3 train pairs as history (as `pr-rlhf eval`), seeded slots."""
+def held_out(world: World, prior: WorldPrior, tok, style: str, n: int, history_size: int = 3, seed: int = 0
+             ) -> list[HeldOut]:
+    """``n`` val/test pairs of seen users, their first ``history_size`` train pairs as history (as `pr-rlhf eval`),
+    seeded slots."""
     rng = np.random.default_rng(seed)
     pairs = [p for u in world.users if not u.cold_start
              for p in world.pairs_of(u.user_id, "val") + world.pairs_of(u.user_id, "test")]
     out = []
     for p in (pairs[i] for i in rng.permutation(len(pairs))[:n]):
-        history = world.history(p.user_id, 3)
+        history = world.history(p.user_id, history_size)
         first = bool(rng.random() < 0.5)
         r1, r2 = (p.chosen, p.rejected) if first else (p.rejected, p.chosen)
         chain = oracle_chain(world, prior, p, history, first, style)
@@ -134,6 +136,7 @@ def main() -> None:
     ap.add_argument("--eval-n", type=int, default=200)
     ap.add_argument("--eval-every", type=int, default=0)
     ap.add_argument("--max-new", type=int, default=320)
+    ap.add_argument("--history-size", type=int, help="override the recipe's history_size")
     a = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(2)
@@ -141,14 +144,15 @@ def main() -> None:
     a.style = a.style or cfg.chain_style
     world = build_world(cfg.world)
     prior = WorldPrior.of(world)
-    examples, stats = psi_examples(world, 3, style=a.style, history_variants=a.history_variants, prior=prior)
+    a.history_size = a.history_size or cfg.history_size
+    examples, stats = psi_examples(world, a.history_size, style=a.style, history_variants=a.history_variants, prior=prior)
     from transformers import AutoModelForCausalLM
 
     path = resolve_model(cfg.model)
     tok = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     data = [sft_example(tok, e.messages, e.target) for e in examples]
-    items = held_out(world, prior, tok, a.style, a.eval_n)
+    items = held_out(world, prior, tok, a.style, a.eval_n, a.history_size)
     print(f"{len(examples)} examples (kept {stats.kept_share:.3f}); prompt {np.mean([len(p) for p, _ in data]):.0f} "
           f"+ chain {np.mean([len(t) for _, t in data]):.0f} tokens; "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", flush=True)
