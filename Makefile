@@ -22,7 +22,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup quickstart lint test test-fast bench bench-quick clean-venv
+.PHONY: setup quickstart quickstart-full lint test test-fast bench bench-quick clean-venv
 
 setup: $(STAMP)
 
@@ -42,6 +42,10 @@ $(STAMP): setup.py constraints.txt Makefile
 
 quickstart: $(STAMP)
 	$(VENV)/bin/pr-rlhf quickstart --out runs/quickstart
+
+# The full tour: the main job plus test-time scaling and Best-of-N (over the main job's 15-minute budget on slow CPUs).
+quickstart-full: $(STAMP)
+	$(VENV)/bin/pr-rlhf quickstart --recipe recipes/quickstart_full.yaml --out runs/quickstart_full
 
 # The layer contracts (pyproject.toml [tool.importlinter]) and ruff run before any test.
 lint: $(STAMP)

@@ -94,28 +94,28 @@ def run_quickstart(recipe: Recipe, out: Path, run: StageRunners) -> QuickstartSu
             start = time.perf_counter()
 
             def stage(title: str, name: str, body: Callable[[], str]) -> None:
-                run.rule(title)
+                run.rule(f"{len(summary.stages) + 1}. {title}")
                 t = time.perf_counter()
                 result = body()
                 summary.stages.append(StageTime(name, result, time.perf_counter() - t))
 
             run.rule(f"[bold]pr-rlhf quickstart[/] -> {out}")
-            stage("1. data: the synthetic persona world -> Arrow shards", "data",
+            stage("data: the synthetic persona world -> Arrow shards", "data",
                   lambda: f"{run.data(recipe).out_dir}")
-            stage("2. reward models on held-out pairs (base models: untrained, expect ~50% or parse failures)",
+            stage("reward models on held-out pairs (base models: untrained, expect ~50% or parse failures)",
                   "evaluation (untrained floor)", lambda: f"{run.eval(recipe).run_dir}/report.md")
             if recipe.pgenrm is not None:
-                stage("3. P-GenRM: PSI from scratch on a small world, briefly (the next stages use the shipped GenRM)",
+                stage("P-GenRM: PSI from scratch on a small world, briefly (the RL stages are `pr-rlhf pgenrm`'s)",
                       "P-GenRM PSI (brief)", lambda: _pgenrm_result(recipe, run))
             if recipe.scaling is not None:
-                stage(f"4. test-time scaling of the shipped P-GenRM ({recipe.scaling.model})", "test-time scaling",
+                stage(f"test-time scaling of the shipped P-GenRM ({recipe.scaling.model})", "test-time scaling",
                       lambda: ", ".join(f"{r.group} ({r.m},{r.n}) {100 * r.accuracy:.1f}"
                                         for r in run.scaling(recipe)["rows"]))
             if recipe.bon is not None:
-                stage(f"5. Best-of-N: {recipe.bon.n} samples per prompt, best-of-k per reward model", "Best-of-N",
+                stage(f"Best-of-N: {recipe.bon.n} samples per prompt, best-of-k per reward model", "Best-of-N",
                       lambda: _bon_result(run.bon(recipe)))
             if recipe.train is not None:
-                stage("6. GRPO with personalized rewards (tiny policy; held-out = cold-start users)", "GRPO",
+                stage("GRPO with personalized rewards (tiny policy; held-out = cold-start users)", "GRPO",
                       lambda: _rl_result(run.train(recipe)[0]))
             summary.minutes = (time.perf_counter() - start) / 60
         summary.peak_rss_gb = memory.peak_gb

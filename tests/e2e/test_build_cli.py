@@ -113,7 +113,8 @@ def test_library_never_imports_workers_or_pipelines(path):
 
 @pytest.mark.timeout(1800)   # a hang: ~1.5 min on a fast 2-core machine, twice that on a slow one
 def test_quickstart_runs_every_stage(tmp_path):
-    """The README's main job, shrunk: shards, every evaluation cell, then the GRPO stage on its own world."""
+    """The README's full tour (the main job plus scaling and Best-of-N), shrunk: shards, every evaluation cell,
+    the brief PSI, scaling, Best-of-N, then the GRPO stage on its own world."""
     out = tmp_path / "qs"
     world = [f"{section}.world.{key}" for section in ("pgenrm", "scaling", "bon")
              for key in ("users=12", "cold_start_users=4", "reference_samples=300")]
@@ -125,7 +126,8 @@ def test_quickstart_runs_every_stage(tmp_path):
             "scaling.scaling.prototypes.k=2", "scaling.scaling.prototypes.candidate_ks=[2]",
             "scaling.scaling.prototypes.refine_steps=2", "bon.policy.model=tiny", "bon.prompts=2", "bon.n=4",
             "bon.max_tokens=8", "bon.reward_models.pgenrm_shipped.generation.max_tokens=24"]
-    done = run_cli("quickstart", "--out", str(out), *[a for s in sets for a in ("--set", s)], hang_timeout_s=1500)
+    done = run_cli("quickstart", "--out", str(out), "--recipe", str(ROOT / "recipes" / "quickstart_full.yaml"),
+                   *[a for s in sets for a in ("--set", s)], hang_timeout_s=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (out / "data" / "manifest.json").is_file() and (out / "eval" / "report.md").is_file()
     assert (out / "rl_world" / "manifest.json").is_file() and (out / "rl" / "history.json").is_file()

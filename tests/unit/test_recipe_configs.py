@@ -265,3 +265,13 @@ def test_configs_import_neither_torch_nor_ray_nor_numpy():
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'ray', 'numpy'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_quickstart_full_tour_is_the_main_job_plus_scaling_and_best_of_n():
+    main = load_recipe(ROOT / "recipes" / "quickstart.yaml").model_dump(mode="json")
+    full = load_recipe(ROOT / "recipes" / "quickstart_full.yaml").model_dump(mode="json")
+    assert main["scaling"] is None and main["bon"] is None
+    assert full["scaling"] is not None and full["bon"] is not None
+    # everything else is the same job, so the two recipes cannot drift apart
+    strip = lambda d: {k: v for k, v in d.items() if k not in ("name", "scaling", "bon")}   # noqa: E731
+    assert strip(main) == strip(full)
