@@ -41,8 +41,8 @@ REMOVED_FIELDS = {(LearnerConfig, "zero_stage")}
 # quickstart's brief PSI on a small world (quickstart.yaml) were
 # re-dumped into the baseline when they changed.
 ADDED_PGENRM_FIELDS = {"teacher": "votes", "label_filter": True, "hard_kind": "one_attribute", "both_orders": False,
-                       "refill_rounds": 0, "min_history": 0, "stop_kl": None, "stop_parse_rate": None, "stop_patience": 2,
-                       "control": None, "placement": "persona", "certainty_weighting": False}
+                       "refill_rounds": 0, "min_history": 0, "stop_kl": None, "stop_parse_rate": None,
+                       "stop_patience": 2, "control": None, "placement": "persona", "certainty_weighting": False}
 
 
 def union_members(union: Any) -> set[type[BaseModel]]:
