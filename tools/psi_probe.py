@@ -145,7 +145,8 @@ def main() -> None:
     world = build_world(cfg.world)
     prior = WorldPrior.of(world)
     a.history_size = a.history_size or cfg.history_size
-    examples, stats = psi_examples(world, a.history_size, style=a.style, history_variants=a.history_variants, prior=prior)
+    examples, stats = psi_examples(world, a.history_size, style=a.style, history_variants=a.history_variants,
+                                   prior=prior)
     from transformers import AutoModelForCausalLM
 
     path = resolve_model(cfg.model)
