@@ -258,6 +258,42 @@ def run_train_stage(recipe: Recipe, address: Optional[str] = None):
     return result, rise
 
 
+@app.command("train-rm")
+def train_rm(recipe: Path = typer.Argument(..., help="recipe YAML with an rm: section"),
+             overrides: Optional[List[str]] = OverridesOpt,
+             out: Optional[Path] = typer.Option(None, "--out", "-o", help="run directory (rm.out)"),
+             address: Optional[str] = typer.Option(None, help="Ray address; default: the cluster this job runs "
+                                                              "in (ray job submit), else a private local Ray")) -> None:
+    """Train Bradley-Terry scalar reward models on the learner ranks, one per input mode (w/o profile, w/ profile,
+    w/ plan), export each as an HF model folder, evaluate it on held-out pairs, and write the per-mode report."""
+    extra = [f"rm.out={json.dumps(str(out))}"] if out else []
+    resolved = _recipe(recipe, list(overrides or []) + extra)
+    if resolved.rm is None:
+        _fail(f"{recipe}: no rm: section")
+    run_train_rm_stage(resolved, address)
+
+
+def run_train_rm_stage(recipe: Recipe, address: Optional[str] = None):
+    from pr_rlhf.rm.data import TrainingDataError
+    from workers.rm_training import run_train_rm
+
+    cfg = recipe.rm
+    console.rule(f"[bold]train-rm[/] {', '.join(cfg.input_modes)} -> {cfg.out}")
+
+    def on_step(mode: str, done: int, total: int, m: dict) -> None:
+        if done == total or done % max(1, total // 10) == 0:
+            console.print(f"{mode} {done}/{total}  bt loss {m['rm/bt_loss']:.3f}  batch accuracy "
+                          f"{100 * m['rm/accuracy']:.0f}%  lr {m['rm/lr']:.1e}", highlight=False)
+
+    try:
+        results, rows, files = run_train_rm(recipe, address, on_step=on_step, log=console.print)
+    except TrainingDataError as exc:
+        _fail(str(exc))
+    console.print(files.markdown.read_text(), highlight=False)
+    console.print(f"[green]wrote[/] {files.markdown}, {files.json}, {files.figure}")
+    return results, rows
+
+
 @app.command()
 def pgenrm(recipe: Path = typer.Argument(..., help="recipe YAML with a pgenrm: section"),
            stage: Optional[List[str]] = typer.Option(None, "--stage", help="run only this stage (repeatable): base, "

@@ -56,6 +56,10 @@ class LearnerConfig(StrictModel):
 
     model: str = Field("tiny", description="model spec for pr_rlhf.models.sources.resolve_model: 'tiny', "
                                            "'smollm2', or a local HF causal-LM directory")
+    trains: Literal["policy", "reward_model"] = Field(
+        "policy", description="'policy': a causal LM (RL, SFT; optionally a reference and a critic); "
+                              "'reward_model': a Bradley-Terry scalar RM (the model with a sequence-classification "
+                              "head; update_reward_model / compute_rewards)")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="compute dtype. Master weights and optimizer state stay float32 (FSDP2 mixed "
                                "precision casts parameters for compute and reduces gradients in float32)")
@@ -133,6 +137,9 @@ class LearnerConfig(StrictModel):
     def _consistent(self) -> LearnerConfig:
         if self.strategy == "none" and self.world_size != 1:
             raise ValueError("strategy 'none' runs a single rank: set world_size 1 (or strategy 'fsdp2')")
+        if self.trains == "reward_model" and (self.critic.enabled or self.kl.coef > 0):
+            raise ValueError("a reward-model learner has no critic and no reference: leave critic.enabled false "
+                             "and kl.coef 0")
         return self
 
     @property

@@ -28,6 +28,7 @@ from pr_rlhf.configs.inherit import Declared, fill_children
 from pr_rlhf.configs.pgenrm import PGenRMConfig
 from pr_rlhf.configs.reward import REWARD_MEMBERS, RewardConfig, reward_config
 from pr_rlhf.configs.rl import RLConfig
+from pr_rlhf.configs.rm import RMTrainConfig
 from pr_rlhf.configs.scaling import ScalingEvalConfig
 from pr_rlhf.configs.serve import ServeConfig
 from pr_rlhf.configs.world import WorldConfig
@@ -114,15 +115,17 @@ class Recipe(StrictModel):
                                      "prototype refinement) and sets none")
     data: DataConfig = Field(default_factory=DataConfig)
     shards: str | None = Field(None, description="when set, the shard folder of every section that reads shards "
-                               "(eval, train.data, pgenrm, scaling, bon) and names none; one that names another "
+                               "(eval, train.data, rm, pgenrm, scaling, bon) and names none; one that names another "
                                "is an error")
     out: str | None = Field(None, description="when set, the output folder of every section that writes one (eval, "
-                            "train, pgenrm, scaling, bon) and names none; one that names another is an error")
+                            "train, rm, pgenrm, scaling, bon) and names none; one that names another is an error")
     world: WorldConfig = Field(default_factory=WorldConfig, description="the synthetic world of `pr-rlhf data "
                                "build`, and (when set) of every section and scorer that names none")
     eval: EvalConfig = Field(default_factory=EvalConfig)
     reward: RewardConfig = Field(default_factory=reward_config, description="the reward pool's scorer")
     train: RLConfig | None = Field(None, description="an RL run (GRPO / PPO): `pr-rlhf train`")
+    rm: RMTrainConfig | None = Field(None, description="Bradley-Terry reward models, one per input mode: "
+                                                       "`pr-rlhf train-rm`")
     pgenrm: PGenRMConfig | None = Field(None, description="P-GenRM training stages: `pr-rlhf pgenrm`")
     scaling: ScalingEvalConfig | None = Field(None, description="test-time scaling grid: `pr-rlhf scaling`")
     bon: BoNConfig | None = Field(None, description="Best-of-N sweep: `pr-rlhf bon`")

@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from pr_rlhf.eval.metrics import Prediction, flatten_summary, summarize_groups
 from pr_rlhf.files import atomic_write, atomic_write_text
 from pr_rlhf.report_files import new_figure, save_figure, write_json
+from pr_rlhf.stats import paired_difference_ci
 
 PREDICTIONS_FILE = "predictions.parquet"
 METRICS_FILE = "metrics.json"
@@ -70,6 +71,25 @@ def write_predictions(preds: Iterable[Prediction], path: str | Path) -> Path:
 def read_predictions(path: str | Path) -> list[Prediction]:
     """Read a predictions parquet back into validated :class:`Prediction` records."""
     return [Prediction.from_dict(row) for row in pq.read_table(path).to_pylist()]
+
+
+def correct_by_pair(predictions: str) -> dict[str, float]:
+    """pair id -> 1.0 / 0.0 from an eval's predictions parquet (one verdict per pair)."""
+    return {r["pair_id"]: float(r["correct"]) for r in pq.read_table(predictions, columns=["pair_id", "correct"])
+            .to_pylist()}
+
+
+def paired_gain(new: dict[str, float], old: dict[str, float], seed: int = 0,
+                only: set[str] | None = None) -> dict[str, float]:
+    """Mean over the shared pairs (those in ``only`` when given) of (new correct - old correct), with a 95%
+    bootstrap CI over pairs, and the number of pairs whose verdict changed."""
+    shared = sorted((set(new) & set(old)) if only is None else (set(new) & set(old) & only))
+    if not shared:
+        return {"gain": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "pairs": 0, "changed": 0}
+    gain, low, high = paired_difference_ci(np.array([new[p] for p in shared]), np.array([old[p] for p in shared]),
+                                           seed=seed)
+    return {"gain": gain, "ci_low": low, "ci_high": high, "pairs": len(shared),
+            "changed": int(sum(new[p] != old[p] for p in shared))}
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pr_rlhf.eval.report import correct_by_pair, paired_gain
 from pr_rlhf.files import is_complete
 from pr_rlhf.pgenrm.headroom import TYPE_CHOICES, type_choice_table
 from pr_rlhf.report_files import new_figure, write_report_files
-from pr_rlhf.stats import paired_difference_ci
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -53,32 +53,11 @@ class AblationReport:
     json: Path
 
 
-def correct_by_pair(predictions: str) -> dict[str, float]:
-    """pair id -> 1.0 / 0.0 from an eval's predictions parquet (one verdict per pair)."""
-    import pyarrow.parquet as pq
-
-    return {r["pair_id"]: float(r["correct"]) for r in pq.read_table(predictions, columns=["pair_id", "correct"])
-            .to_pylist()}
-
-
 def stage_predictions(run_dir: Path, stage: str, group: str, recorded: str) -> str:
     """The predictions file of a stage's evaluation: the one inside the run directory (a run directory that was
     moved or copied, or a report made from another working directory), else the path the evaluation recorded."""
     local = run_dir / stage / f"eval_{group}" / Path(recorded).name
     return str(local) if local.is_file() else recorded
-
-
-def paired_gain(new: dict[str, float], old: dict[str, float], seed: int = 0,
-                only: set[str] | None = None) -> dict[str, float]:
-    """Mean over the shared pairs (those in ``only`` when given) of (new correct - old correct), with a 95%
-    bootstrap CI over pairs, and the number of pairs whose verdict changed."""
-    shared = sorted((set(new) & set(old)) if only is None else (set(new) & set(old) & only))
-    if not shared:
-        return {"gain": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "pairs": 0, "changed": 0}
-    gain, low, high = paired_difference_ci(np.array([new[p] for p in shared]), np.array([old[p] for p in shared]),
-                                           seed=seed)
-    return {"gain": gain, "ci_low": low, "ci_high": high, "pairs": len(shared),
-            "changed": int(sum(new[p] != old[p] for p in shared))}
 
 
 def world_references(world, history_size: int = 3) -> dict[str, dict]:

@@ -21,36 +21,38 @@ from pr_rlhf.reward.pointwise import PointScores
 _SLOT = "\u2063PR_RLHF_USER_BLOCK\u2063"
 
 
-class ScalarRM:
-    def __init__(self, cfg: ScalarRMConfig, *, device: str = "cpu", dtype: str = "float32"):
-        import torch
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+def sequence_scores(model: Any, input_ids: Any, attention_mask: Any, last: Any, position_ids: Any = None) -> Any:
+    """A decoder sequence-classification model's score ``[B]`` read at token ``last[i]`` of each row: its backbone's
+    hidden state there through its ``score`` head. Scoring (:class:`ScalarRM`) and training (the learner's reward
+    model) both read it here, so a trained RM scores exactly as it was trained. (The model's own pooling looks for
+    the pad id, which may also be the last real token when pad = eos.)"""
+    import torch
 
-        from pr_rlhf.models.hf_engine import quiet_hf_loading
-        from pr_rlhf.models.sources import resolve_model
+    backbone = getattr(model, model.base_model_prefix)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                      use_cache=False).last_hidden_state
+    picked = hidden[torch.arange(hidden.shape[0], device=hidden.device), last.to(hidden.device)]
+    return model.score(picked.to(model.score.weight.dtype)).float().squeeze(-1)
 
-        self.cfg = cfg
-        self.device = torch.device(device)
-        path = resolve_model(cfg.model)
-        quiet_hf_loading()
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        torch_dtype = getattr(torch, dtype) if dtype != "auto" else "auto"
-        # The tiny model has no trained head: a seeded random one keeps the scores reproducible (without
-        # touching the caller's random state).
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            self.model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch_dtype)
-        self.model.config.pad_token_id = self.tokenizer.pad_token_id
-        self.model.to(self.device).eval()
-        # Never past what the model can place: cfg.max_length (PRB: 8192) is capped by its position table.
-        positions = getattr(self.model.config, "max_position_embeddings", None)
-        self.max_length = min(cfg.max_length, positions) if positions else cfg.max_length
 
-    # ------------------------------------------------------------------------------------------------------------
-    # Encoding
-    # ------------------------------------------------------------------------------------------------------------
+class ScalarRMEncoder:
+    """(user block + question, answer) -> the token ids a scalar RM reads, truncated as the module says. Needs the
+    tokenizer only, so a trainer encodes its pairs without loading the model."""
+
+    def __init__(self, tokenizer: Any, max_length: int):
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+
+    @classmethod
+    def for_model(cls, path: str, max_length: int) -> ScalarRMEncoder:
+        """The encoder of the model folder ``path``: its tokenizer, ``max_length`` capped by its position table."""
+        from transformers import AutoConfig, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        positions = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
+        return cls(tokenizer, min(max_length, positions) if positions else max_length)
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
@@ -83,6 +85,38 @@ class ScalarRM:
                         conversation_block=conversation_block(inp), question=inp.question)
         return self.encode(block, rest, answer)
 
+    def encode_text(self, prompt: str, answer: str) -> list[int]:
+        """A free (prompt, answer) pair; a too-long prompt is cut from its left."""
+        return self.encode(prompt, _SLOT, answer)
+
+
+class ScalarRM:
+    def __init__(self, cfg: ScalarRMConfig, *, device: str = "cpu", dtype: str = "float32"):
+        import torch
+        from transformers import AutoModelForSequenceClassification
+
+        from pr_rlhf.models.hf_engine import quiet_hf_loading
+        from pr_rlhf.models.sources import resolve_model
+
+        self.cfg = cfg
+        self.device = torch.device(device)
+        path = resolve_model(cfg.model)
+        quiet_hf_loading()
+        self.encoder = ScalarRMEncoder.for_model(path, cfg.max_length)
+        self.tokenizer = self.encoder.tokenizer
+        self.max_length = self.encoder.max_length
+        torch_dtype = getattr(torch, dtype) if dtype != "auto" else "auto"
+        # An untrained model (the tiny one) has no head: a seeded random one keeps the scores reproducible
+        # (without touching the caller's random state). A trained RM's folder holds its head.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            self.model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch_dtype)
+        self.model.config.pad_token_id = self.tokenizer.pad_token_id
+        self.model.to(self.device).eval()
+
+    def encode_input(self, inp: RMInput, answer: str, mode: InputMode, top_k: int) -> list[int]:
+        return self.encoder.encode_input(inp, answer, mode, top_k)
+
     # ------------------------------------------------------------------------------------------------------------
     # Scoring
     # ------------------------------------------------------------------------------------------------------------
@@ -108,21 +142,15 @@ class ScalarRM:
     def _logits(self, ids: Any, mask: Any, lengths: list[int]) -> Any:
         import torch
 
-        head = getattr(self.model, "score", None)
-        if not isinstance(head, torch.nn.Module):  # encoder-style classifiers pool on their own
+        if not isinstance(getattr(self.model, "score", None), torch.nn.Module):  # encoders pool on their own
             return self.model(input_ids=ids, attention_mask=mask).logits.float().squeeze(-1).cpu()
-        # Decoder RMs: read the score at each sequence's last real token ourselves (the model's own pooling looks
-        # for the pad id, which may also be the last real token when pad = eos).
-        backbone = getattr(self.model, self.model.base_model_prefix)
-        hidden = backbone(input_ids=ids, attention_mask=mask).last_hidden_state
-        last = hidden[torch.arange(len(lengths)), torch.tensor(lengths) - 1]
-        return head(last).float().squeeze(-1).cpu()
+        return sequence_scores(self.model, ids, mask, torch.tensor(lengths) - 1).cpu()
 
     def score_texts(self, prompts: Sequence[str], answers: Sequence[str]) -> list[float]:
         """Scores of (prompt, answer) pairs; a too-long prompt is cut from its left."""
         if len(prompts) != len(answers):
             raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
-        return self.score_ids([self.encode(p, _SLOT, a) for p, a in zip(prompts, answers)])
+        return self.score_ids([self.encoder.encode_text(p, a) for p, a in zip(prompts, answers)])
 
     def score_pairs(self, inputs: Sequence[RMInput], mode: InputMode, top_k: int) -> list[PointScores]:
         n = len(inputs)

@@ -24,6 +24,11 @@ Per-token fields (ragged lists of per-response-token floats, or ``[B, T]`` tenso
 ``ref_logprobs``    ``update_policy`` when ``kl.where == 'loss'`` and ``kl.coef > 0`` (computed there if absent).
 ``values``          ``update_critic`` (required): the critic's values at rollout time (``compute_values``).
 ``returns``         ``update_critic`` (required).
+
+A reward model reads one score per sequence at its last token, so its rows (:func:`scored_rows`) are each
+sequence's tokens but the last as the prompt and that token as a one-token response; ``update_reward_model`` takes
+pairs (:func:`reward_model_batch`): the chosen rows under the usual keys, the rejected ones under
+``rejected_``-prefixed keys (a pair never splits across ranks or micro-batches), and ``margin`` ``[B]``.
 """
 from __future__ import annotations
 
@@ -35,6 +40,8 @@ import numpy as np
 import torch
 
 PER_TOKEN_FIELDS = ("old_logprobs", "ref_logprobs", "advantages", "values", "returns")
+SEQUENCE_KEYS = ("prompt_ids", "prompt_mask", "response_ids", "response_attention_mask", "response_mask")
+REJECTED = "rejected_"
 SEQUENCE_BROADCAST_FIELDS = ("advantages",)  # may be given per sequence ([B]) and broadcast over the response
 
 
@@ -195,3 +202,37 @@ def minibatch_index(batch: Mapping[str, torch.Tensor], world_size: int, mini_bat
     n = batch["response_ids"].shape[0]
     local = n if mini_batch_size is None else max(1, math.ceil(mini_batch_size / world_size))
     return torch.arange(n) // max(local, 1)
+
+
+def scored_rows(sequences: Any) -> dict[str, list[list[int]]]:
+    """Whole sequences (token ids) as learner rows whose one-token response is the token a score is read at."""
+    seqs = _rows(sequences)
+    short = [i for i, seq in enumerate(seqs) if len(seq) < 2]
+    if short:
+        raise ValueError(f"sequence {short[0]} has {len(seqs[short[0]])} token(s): a scored sequence needs at least 2")
+    return {"prompt_ids": [seq[:-1] for seq in seqs], "response_ids": [seq[-1:] for seq in seqs]}
+
+
+def reward_model_batch(batch: Mapping[str, Any], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+    """``{"chosen_ids", "rejected_ids"[, "margin"]}`` (ragged token ids per pair) -> the canonical pair batch:
+    both sides padded to one width, the rejected side under ``rejected_`` keys, ``margin`` ``[B]`` (default 0).
+    A canonical pair batch passes through."""
+    if "chosen_ids" not in batch:
+        if REJECTED + "response_ids" not in batch:
+            raise KeyError(f"a reward-model batch needs 'chosen_ids' and 'rejected_ids'; got keys {sorted(batch)}")
+        return dict(batch)
+    chosen, rejected = _rows(batch["chosen_ids"]), _rows(batch["rejected_ids"])
+    if len(chosen) != len(rejected):
+        raise ValueError(f"{len(chosen)} chosen but {len(rejected)} rejected sequences")
+    n = len(chosen)
+    both = collate(scored_rows(chosen + rejected), pad_token_id)
+    out = {k: both[k][:n] for k in SEQUENCE_KEYS}
+    out.update({REJECTED + k: both[k][n:] for k in SEQUENCE_KEYS})
+    margin = batch.get("margin")
+    out["margin"] = torch.zeros(n) if margin is None else torch.as_tensor(margin, dtype=torch.float32).reshape(n)
+    return out
+
+
+def join_pair_sides(mb: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The chosen rows then the rejected rows of a (micro-)batch of pairs, as one batch of ``2b`` sequences."""
+    return {k: torch.cat([mb[k], mb[REJECTED + k]]) for k in SEQUENCE_KEYS}

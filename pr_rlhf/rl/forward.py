@@ -2,8 +2,9 @@
 per-token log-probs (and entropies) of the responses under a causal LM, and the critic's values.
 
 Outputs are float32 ``[b, T]`` aligned with ``response_ids``: ``logprob[i, t] = log pi(response[i, t] | prompt_i +
-response[i, :t])`` (logits divided by ``temperature``), ``values[i, t] = V(prompt_i + response[i, :t])``. Pure
-torch (no Ray): the model may be a plain module or an FSDP2-sharded one.
+response[i, :t])`` (logits divided by ``temperature``), ``values[i, t] = V(prompt_i + response[i, :t])``; a reward
+model's scores are ``[b]``, read at each row's last response token. Pure torch (no Ray): the model may be a plain
+module or an FSDP2-sharded one.
 """
 from __future__ import annotations
 
@@ -66,3 +67,14 @@ def response_values(critic: nn.Module, mb: Mapping[str, torch.Tensor], *, device
         values = critic(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                         keep_last=mb["response_ids"].shape[1] + 1)
     return values[:, :-1].float()
+
+
+def sequence_rewards(reward_model: nn.Module, mb: Mapping[str, torch.Tensor], *, device: torch.device,
+                     autocast: AbstractContextManager) -> torch.Tensor:
+    """A reward model's scores ``[b]`` of prompt + response, read at each row's last response token
+    (``pr_rlhf.rl.modeling.RewardModel``)."""
+    input_ids, attention, positions = _inputs(mb, device)
+    last = mb["prompt_ids"].shape[1] + mb["response_attention_mask"].sum(-1).to(device) - 1
+    with autocast:
+        scores = reward_model(input_ids=input_ids, attention_mask=attention, position_ids=positions, last=last)
+    return scores.float()

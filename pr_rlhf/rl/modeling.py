@@ -1,6 +1,6 @@
-"""The models the learner trains, loaded from an HF model directory: the policy / frozen reference (a causal LM)
-and the PPO critic (the policy's backbone with a scalar value head). Pure torch + transformers (no Ray); sharding
-them is the learner's business."""
+"""The models the learner trains, loaded from an HF model directory: the policy / frozen reference (a causal LM),
+the PPO critic (the policy's backbone with a scalar value head) and a Bradley-Terry reward model (an HF
+sequence-classification model). Pure torch + transformers (no Ray); sharding them is the learner's business."""
 from __future__ import annotations
 
 import importlib.util
@@ -27,6 +27,28 @@ class CriticModel(nn.Module):
         hidden = hidden[:, -keep_last:]
         # a fresh tensor, not a view: FSDP2 hooks the module output for backward
         return self.value_head(hidden.to(self.value_head.weight.dtype))[..., 0].clone()
+
+
+class RewardModel(nn.Module):
+    """A scalar reward model held as the learner trains it: an HF decoder sequence-classification model
+    (``num_labels`` 1) whose backbone and ``score`` head are this module's own children under their HF names, so
+    its state dict *is* the HF model's (the saved folder loads with ``AutoModelForSequenceClassification``, and by
+    path in the ``scalar`` reward kind). ``forward`` is a module call, so FSDP2 gathers the root's parameters."""
+
+    def __init__(self, hf_model: nn.Module) -> None:
+        super().__init__()
+        self.base_model_prefix = hf_model.base_model_prefix
+        self.add_module(self.base_model_prefix, getattr(hf_model, self.base_model_prefix))
+        self.score = hf_model.score
+        self.config = hf_model.config
+        self._no_split_modules = hf_model._no_split_modules
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                last: torch.Tensor) -> torch.Tensor:
+        from pr_rlhf.reward.scalar import sequence_scores
+
+        # a fresh tensor, not a view: FSDP2 hooks the module output for backward
+        return sequence_scores(self, input_ids, attention_mask, last, position_ids).clone()
 
 
 def pick_attn_implementation(requested: str, device_type: str, dtype: Any) -> str:
@@ -86,3 +108,22 @@ def load_critic(model_dir: str, attn_implementation: str, *, gradient_checkpoint
                          float(getattr(backbone.config, "initializer_range", 0.02)))
     critic._no_split_modules = backbone._no_split_modules  # type: ignore[attr-defined]
     return critic.train()
+
+
+def load_reward_model(model_dir: str, attn_implementation: str, pad_token_id: int, *,
+                      gradient_checkpointing: bool = False) -> RewardModel:
+    """A reward model in float32, train mode, from ``model_dir``: a trained RM's folder keeps its head; a causal
+    LM's gets a fresh one (drawn from the torch RNG: seed it first for the same head on every rank)."""
+    from transformers import AutoModelForSequenceClassification
+
+    hf = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, dtype=torch.float32,
+                                                            attn_implementation=attn_implementation)
+    if not isinstance(getattr(hf, "score", None), nn.Module):
+        raise ValueError(f"{model_dir}: {type(hf).__name__} has no 'score' head: a reward model needs a decoder "
+                         f"model with a sequence-classification class (Llama, Qwen2, SmolLM2, ...)")
+    hf.config.pad_token_id = pad_token_id
+    hf.config.architectures = [type(hf).__name__]
+    _no_dropout(hf)
+    if gradient_checkpointing:
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return RewardModel(hf).train()

@@ -1,5 +1,6 @@
 """The learner's loss on one micro-batch: the policy objective (PPO / GRPO surrogate, entropy bonus, KL to the
-reference), the critic's clipped value loss and the supervised NLL, plus what each reports.
+reference), the critic's clipped value loss, the supervised NLL and the reward model's Bradley-Terry loss, plus
+what each reports.
 
 Every loss is normalized by the *global* mini-batch token (or sequence) count times the number of ranks
 (``pr_rlhf.algos.GlobalBatchInfo``): gradients averaged over the ranks then give the global-batch loss, so a step is
@@ -76,3 +77,17 @@ def sft_objective(logp: torch.Tensor, mask: torch.Tensor, global_batch: GlobalBa
     loss = -(logp * mask).sum() / global_batch.num_tokens * global_batch.dp_size
     return MicroLoss(loss, {"nll": float(loss.detach())},
                      token_sums={"token_accuracy": float(((logp.detach() > math.log(0.5)) * mask).sum())})
+
+
+def reward_model_objective(chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor,
+                           global_batch: GlobalBatchInfo) -> MicroLoss:
+    """Bradley-Terry: ``-log sigmoid(r_chosen - r_rejected - margin)`` summed over this rank's pairs / the global
+    pair count (``num_seqs``: one loss token per pair), times dp_size. Reports per-pair sums (averaged by the
+    update log): accuracy (chosen scored higher), the score gap and each side's mean."""
+    gap = chosen - rejected
+    loss = -torch.nn.functional.logsigmoid(gap - margin).sum() / global_batch.num_seqs * global_batch.dp_size
+    gap = gap.detach()
+    return MicroLoss(loss, {"bt_loss": float(loss.detach())},
+                     token_sums={"accuracy": float((gap > 0).sum()), "reward_gap": float(gap.sum()),
+                                 "reward_chosen": float(chosen.detach().sum()),
+                                 "reward_rejected": float(rejected.detach().sum())})

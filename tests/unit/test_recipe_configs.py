@@ -44,6 +44,11 @@ ADDED_PGENRM_FIELDS = {"teacher": "votes", "label_filter": True, "hard_kind": "o
                        "refill_rounds": 0, "min_history": 0, "stop_kl": None, "stop_parse_rate": None,
                        "stop_patience": 2, "control": None, "placement": "persona", "certainty_weighting": False}
 
+# Added after the baseline: the root's Bradley-Terry section (no baseline recipe has one) and what a learner trains
+# (the policy, as every learner did before).
+ADDED_ROOT_SECTIONS = {("rm",)}
+ADDED_LEARNER_FIELDS = {"trains": "policy"}
+
 
 def union_members(union: Any) -> set[type[BaseModel]]:
     """The member classes of an annotated discriminated union (Annotated[Union[Annotated[cls, Tag], ...], ...])."""
@@ -113,8 +118,11 @@ def test_every_recipe_resolves_to_its_effective_settings_before(name):
         assert now_leaves[where] == value, f"{name}: {'.'.join(map(str, where))}: {now_leaves[where]!r} != {value!r}"
         matched.add(where)
     for path in set(now_leaves) - matched:
-        if path in ROOT_FOLDERS:   # unset in every shipped recipe: the sections keep their own folders
+        if path in ROOT_FOLDERS | ADDED_ROOT_SECTIONS:   # unset in every baseline recipe
             assert now_leaves[path] is None, path
+            continue
+        if path[-2:-1] == ("learner",) and path[-1] in ADDED_LEARNER_FIELDS:
+            assert now_leaves[path] == ADDED_LEARNER_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"
             continue
         if path[0] in ("pgenrm", "scaling", "reward") and path[-1] in ADDED_PGENRM_FIELDS:
             assert now_leaves[path] == ADDED_PGENRM_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"

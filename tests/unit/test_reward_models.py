@@ -325,7 +325,7 @@ def test_scalar_rm_truncates_the_least_relevant_posts_first(scalar_rm):
     inp = make_input(retrieved=long_posts)
     full = scalar_rm.encode_input(inp, inp.chosen, "none", 10)
     cut = scalar_rm.encode_input(inp, inp.chosen, "profile", 10)
-    block_tokens = len(scalar_rm._ids(user_block(inp, "profile", 10)))
+    block_tokens = len(scalar_rm.encoder._ids(user_block(inp, "profile", 10)))
     assert len(cut) == scalar_rm.max_length == scalar_rm.cfg.max_length < block_tokens
     decoded = scalar_rm.tokenizer.decode(cut)
     assert "How do I cook rice?" in decoded and "CHOSEN answer" in decoded

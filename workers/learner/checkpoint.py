@@ -4,7 +4,8 @@ loading one back into any world size, the weights as safetensors, RNG states, an
 A checkpoint ``dir``: ``dir/policy/`` holds ``model.safetensors`` (full weights, every state-dict name) + the
 model's config and tokenizer files, i.e. an HF model directory, and ``optimizer.pt`` (the full AdamW state keyed by
 parameter name, tensors and numbers only: ``torch.load(..., weights_only=True)``); ``dir/critic/`` likewise
-(weights + optimizer); ``dir/reference/model.safetensors`` once the reference was rebased onto the policy;
+(weights + optimizer); a reward-model learner's ``dir/reward_model/`` like the policy's, with the
+sequence-classification config; ``dir/reference/model.safetensors`` once the reference was rebased onto the policy;
 ``dir/rng/rank_<r>.pt`` (torch / numpy / python ``random`` / CUDA RNG states); ``dir/meta.json`` written last
 (step, data_position, world size, counters, config): a folder without it is incomplete. Full (unsharded) state
 dicts make a checkpoint loadable at any world size.
@@ -32,6 +33,7 @@ CHECKPOINT_FORMAT = "pr_rlhf-learner-v1"
 META = "meta.json"
 WEIGHTS = "model.safetensors"
 OPTIMIZER = "optimizer.pt"
+HF_MODELS = ("policy", "reward_model")  # saved as HF model directories (config and tokenizer beside the weights)
 
 
 # ----------------------------------------------------------------------------------------------------- RNG states
@@ -134,6 +136,16 @@ def write_weights(folder: Path, weights: Mapping[str, torch.Tensor], hf_files_fr
                 shutil.copy2(f, folder / f.name)
 
 
+def export_hf_folder(folder: Path, weights: Mapping[str, torch.Tensor], model_dir: str, model: nn.Module) -> None:
+    """``weights`` as an HF-loadable folder: the model directory's config and tokenizer files, then the model's
+    own config when it differs in kind (a reward model's sequence-classification config: its class, one label,
+    the pad id it was trained with)."""
+    write_weights(folder, weights, model_dir)
+    config = getattr(model, "config", None)
+    if config is not None and getattr(model, "score", None) is not None:
+        config.save_pretrained(folder)
+
+
 def read_weights(folder: Path, ranks: Ranks) -> dict[str, torch.Tensor]:
     """``folder/model.safetensors``, read by rank 0 only when distributed (the others get it by broadcast)."""
     from safetensors import safe_open
@@ -179,7 +191,10 @@ def save_checkpoint(root: Path, *, trained: Sequence[tuple[str, nn.Module, torch
         optim_state = full_optimizer_state(model, optimizer, ranks)
         weights = full_model_state(model, strategy, ranks)
         if ranks.rank == 0:
-            write_weights(root / name, weights, model_dir if name == "policy" else None)
+            if name in HF_MODELS:
+                export_hf_folder(root / name, weights, model_dir, model)
+            else:
+                write_weights(root / name, weights)
             if optim_state:
                 torch.save(optim_state, root / name / OPTIMIZER)
         models[name] = {"optimizer": optim_state is not None}

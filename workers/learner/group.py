@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pr_rlhf.configs.learner import LearnerConfig
-from pr_rlhf.rl.batches import collate, contiguous_shares, mini_batch_shares
+from pr_rlhf.rl.batches import collate, contiguous_shares, mini_batch_shares, reward_model_batch, scored_rows
 from workers.learner.worker import LearnerWorker
 from workers.ray_utils import release_bundles, reserve_bundles
 
@@ -84,15 +84,24 @@ class LearnerGroup:
     def compute_values(self, batch: Mapping[str, Any]) -> torch.Tensor:
         return self._inference("compute_values", batch)
 
-    def _update(self, method: str, batch: Mapping[str, Any]) -> dict[str, float]:
-        shares = mini_batch_shares(collate(batch), self.world_size, self.config.mini_batch_size)
-        return self._call_each(method, shares)[0]  # the metrics are global: rank 0's
+    def compute_rewards(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """The reward model's scores ``[B]`` (``LearnerWorker.compute_rewards``)."""
+        rows = scored_rows(batch["input_ids"]) if "input_ids" in batch else batch
+        return torch.cat(self._call_each("compute_rewards", contiguous_shares(collate(rows), self.world_size)))
+
+    def _update(self, method: str, canonical: dict[str, torch.Tensor], *args: Any) -> dict[str, float]:
+        shares = mini_batch_shares(canonical, self.world_size, self.config.mini_batch_size)
+        return self._call_each(method, shares, *args)[0]  # the metrics are global: rank 0's
 
     def update_policy(self, batch: Mapping[str, Any]) -> dict[str, float]:
-        return self._update("update_policy", batch)
+        return self._update("update_policy", collate(batch))
 
     def update_critic(self, batch: Mapping[str, Any]) -> dict[str, float]:
-        return self._update("update_critic", batch)
+        return self._update("update_critic", collate(batch))
+
+    def update_reward_model(self, batch: Mapping[str, Any], lr: float | None = None) -> dict[str, float]:
+        """Bradley-Terry update on pairs; a pair's two sequences stay on one rank."""
+        return self._update("update_reward_model", reward_model_batch(batch), lr)
 
     def update_sft(self, batch: Mapping[str, Any], lr: float | None = None) -> dict[str, float]:
         return self._call_each("update_sft", contiguous_shares(collate(batch), self.world_size), lr)[0]
@@ -108,6 +117,9 @@ class LearnerGroup:
 
     def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
         return self._call_all("load_checkpoint", str(path))[0]
+
+    def export_model(self, path: str | os.PathLike) -> str:
+        return self._call_all("export_model", str(path))[0]
 
     def rng_sample(self) -> list[list[float]]:
         return self._call_all("rng_sample")

@@ -5,7 +5,10 @@ It owns
 - the **policy** (HF causal LM, trained with AdamW),
 - a frozen **reference** copy of the initial policy (built eagerly when ``kl.coef > 0``, else on the first
   ``compute_ref_logprobs``), held like the policy,
-- optionally a **critic** (the policy's backbone, a copy of the initial weights, with a scalar value head) for PPO.
+- optionally a **critic** (the policy's backbone, a copy of the initial weights, with a scalar value head) for PPO;
+
+or, with ``trains: reward_model``, only a **reward model** (an HF sequence-classification model) trained with the
+Bradley-Terry loss (``update_reward_model``, ``compute_rewards``).
 
 How the models are held (FSDP2 shards or a plain module) is ``workers.learner.strategy``; the batch format is
 ``pr_rlhf.rl.batches``; the losses are ``pr_rlhf.rl.objectives``; checkpoints are ``workers.learner.checkpoint``.
@@ -25,7 +28,8 @@ import logging
 import os
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +40,9 @@ from torch import nn
 
 from pr_rlhf.configs.learner import LearnerConfig
 from pr_rlhf.rl import objectives
-from pr_rlhf.rl.batches import collate, minibatch_index
-from pr_rlhf.rl.forward import response_logprobs, response_values
-from pr_rlhf.rl.modeling import load_causal_lm, load_critic, pick_attn_implementation
+from pr_rlhf.rl.batches import collate, join_pair_sides, minibatch_index, reward_model_batch, scored_rows
+from pr_rlhf.rl.forward import response_logprobs, response_values, sequence_rewards
+from pr_rlhf.rl.modeling import load_causal_lm, load_critic, load_reward_model, pick_attn_implementation
 from pr_rlhf.rl.update_log import UpdateLog
 from workers.learner import checkpoint
 from workers.learner.micro_batches import MicroBatchRunner, MicroOutput
@@ -64,6 +68,7 @@ class LearnerWorker:
             raise ValueError(f"rank {rank} is outside world_size {self.world_size}")
         self._ready = False
         self.policy: nn.Module | None = None
+        self.reward_model: nn.Module | None = None
         self.ref: nn.Module | None = None
         self.critic: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -97,7 +102,20 @@ class LearnerWorker:
 
         quiet_hf_loading()
         self.model_dir = resolve_model(cfg.model)
-        checkpoint.seed_everything(cfg.seed)  # identical initialization (critic head) on every rank
+        checkpoint.seed_everything(cfg.seed)  # identical initialization (critic / RM head) on every rank
+        if cfg.trains == "reward_model":
+            self._setup_reward_model()
+        else:
+            self._setup_policy()
+        checkpoint.seed_everything(cfg.seed + self.rank)  # per-rank streams from here on
+        self.micro = MicroBatchRunner(self.ranks, self.strategy, self.pad_token_id, cfg.grad_clip)
+        self.ranks.barrier()
+        self._ready = True
+        self.setup_time_s = time.perf_counter() - t0
+        return self.describe()
+
+    def _setup_policy(self) -> None:
+        cfg = self.config
         policy = load_causal_lm(self.model_dir, torch.float32, self._attn(torch.float32), trainable=True,
                                 gradient_checkpointing=cfg.gradient_checkpointing)
         self.pad_token_id = int(getattr(policy.config, "pad_token_id", None) or 0)
@@ -110,21 +128,34 @@ class LearnerWorker:
                                  gradient_checkpointing=cfg.gradient_checkpointing)
             self.critic = self.strategy.wrap(critic)
             self.critic_optimizer = self._build_optimizer(self.critic, cfg.critic.lr, cfg.critic.weight_decay)
-        checkpoint.seed_everything(cfg.seed + self.rank)  # per-rank streams from here on
-        self.micro = MicroBatchRunner(self.ranks, self.strategy, self.pad_token_id, cfg.grad_clip)
         from pr_rlhf.algos import POLICY_LOSSES
 
         POLICY_LOSSES.get(cfg.policy_loss)  # unknown names fail at setup, not at the first update
-        self.ranks.barrier()
-        self._ready = True
-        self.setup_time_s = time.perf_counter() - t0
-        return self.describe()
+
+    def _setup_reward_model(self) -> None:
+        from transformers import AutoTokenizer
+
+        cfg = self.config
+        tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        # the pad id the scalar RM scores with (pr_rlhf.reward.scalar): eos when the tokenizer has none
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_token_id = int(pad or 0)
+        model = load_reward_model(self.model_dir, self._attn(torch.float32), self.pad_token_id,
+                                  gradient_checkpointing=cfg.gradient_checkpointing)
+        self.reward_model = self.strategy.wrap(model)
+        self.optimizer = self._build_optimizer(self.reward_model, cfg.lr, cfg.weight_decay)
+
+    @property
+    def trained(self) -> nn.Module | None:
+        """The model this learner optimizes: the policy, or the reward model."""
+        return self.reward_model if self.config.trains == "reward_model" else self.policy
 
     def describe(self) -> dict[str, Any]:
-        n_params = sum(p.numel() for p in self.policy.parameters()) if self.policy is not None else 0
+        n_params = sum(p.numel() for p in self.trained.parameters()) if self.trained is not None else 0
         return {"rank": self.rank, "world_size": self.world_size, "strategy": self.config.strategy,
+                "trains": self.config.trains,
                 "device": str(self.device), "backend": dist.get_backend() if dist.is_initialized() else None,
-                "model_dir": self.model_dir, "local_policy_params": int(n_params),
+                "model_dir": self.model_dir, "local_trained_params": int(n_params),
                 "reference": self.ref is not None, "critic": self.critic is not None,
                 "optimizer_steps": self.optimizer_steps, "setup_time_s": getattr(self, "setup_time_s", None),
                 "pid": os.getpid(), "node_id": self.node_endpoint()[2]}
@@ -142,9 +173,12 @@ class LearnerWorker:
         return torch.optim.AdamW(params, lr=lr, betas=tuple(self.config.betas), eps=self.config.eps,
                                  weight_decay=weight_decay)
 
-    def _require_ready(self) -> None:
+    def _require_ready(self, trains: str = "policy") -> None:
         if not self._ready:
             raise RuntimeError("LearnerWorker.setup() has not run")
+        if self.config.trains != trains:
+            raise RuntimeError(f"this learner trains a {self.config.trains.replace('_', ' ')} (trains: "
+                               f"{self.config.trains}); the call needs trains: {trains}")
 
     # ------------------------------------------------------------------------------------------------ forward
     def _logprobs(self, model: nn.Module, mb: Mapping[str, torch.Tensor], with_entropy: bool = False,
@@ -163,6 +197,16 @@ class LearnerWorker:
 
     def _canonical(self, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         return collate(batch, pad_token_id=self.pad_token_id)
+
+    def _rewards(self, model: nn.Module, mb: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return sequence_rewards(model, mb, device=self.device, autocast=self.strategy.autocast())
+
+    def compute_rewards(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """The reward model's scores ``[B]`` of whole sequences: ``{"input_ids": ragged token ids}``, or rows
+        whose one-token responses are each sequence's last token (``pr_rlhf.rl.batches.scored_rows``)."""
+        self._require_ready("reward_model")
+        rows = scored_rows(batch["input_ids"]) if "input_ids" in batch else batch
+        return self._forward_all(self.reward_model, rows, lambda m, mb: self._rewards(m, mb)[:, None])[:, 0]
 
     def compute_logprobs(self, batch: Mapping[str, Any]) -> torch.Tensor:
         """Per-token log-probs ``[B, T]`` of the responses under the current policy."""
@@ -273,23 +317,57 @@ class LearnerWorker:
         cfg = self.config
         t0 = time.perf_counter()
         b = self._canonical(batch)
-        step_lr = cfg.lr if lr is None else float(lr)
         gb, g_tokens, _ = self.micro.global_batch_info(b["response_mask"])
         log = UpdateLog.of(["nll"])
         self.policy.train()
-        for group in self.optimizer.param_groups:
-            group["lr"] = step_lr
-        try:
+        with self._learning_rate(lr) as step_lr:
             if g_tokens > 0:
                 self.micro.accumulated_step(
                     self.policy, self.optimizer, b, torch.arange(b["response_ids"].shape[0]), cfg.micro_batch_size,
                     log, lambda mb, mask: objectives.sft_objective(self._logprobs(self.policy, mb)[0], mask, gb),
                     lambda m, mb: self._logprobs(m, mb)[0])
-        finally:
-            for group in self.optimizer.param_groups:
-                group["lr"] = cfg.lr
         self.optimizer_steps += log.steps
         return self.micro.metrics("sft", log, step_lr, t0)
+
+    @contextmanager
+    def _learning_rate(self, lr: float | None) -> Iterator[float]:
+        """The optimizer at ``lr`` (None: the config's) for one update, then back at the config's."""
+        step_lr = self.config.lr if lr is None else float(lr)
+        for group in self.optimizer.param_groups:
+            group["lr"] = step_lr
+        try:
+            yield step_lr
+        finally:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.config.lr
+
+    def update_reward_model(self, batch: Mapping[str, Any], lr: float | None = None) -> dict[str, float]:
+        """Bradley-Terry update on pairs (``pr_rlhf.rl.batches.reward_model_batch``) at ``lr`` (default: the
+        config's): one AdamW step per global mini-batch of ``mini_batch_size`` pairs (None: the whole batch),
+        gradients accumulated over micro-batches of ``micro_batch_size`` pairs (each one forward of its chosen and
+        rejected sequences together). Metrics keys are prefixed ``rm/``."""
+        self._require_ready("reward_model")
+        cfg = self.config
+        t0 = time.perf_counter()
+        b = reward_model_batch(batch, self.pad_token_id)
+        log = UpdateLog.of(["bt_loss"])
+        self.reward_model.train()
+        with self._learning_rate(lr) as step_lr:
+            for rows in self._mini_batches(b):
+                gb, _, g_pairs = self.micro.global_batch_info(b["response_mask"][rows])
+                if g_pairs == 0:
+                    continue
+
+                def micro_loss(mb: dict[str, torch.Tensor], mask: torch.Tensor, gb=gb) -> objectives.MicroLoss:
+                    scores = self._rewards(self.reward_model, join_pair_sides(mb))
+                    n = mb["response_ids"].shape[0]
+                    return objectives.reward_model_objective(scores[:n], scores[n:], mb["margin"].to(self.device),
+                                                             gb)
+
+                self.micro.accumulated_step(self.reward_model, self.optimizer, b, rows, cfg.micro_batch_size, log,
+                                            micro_loss, lambda m, mb: self._rewards(m, mb))
+        self.optimizer_steps += log.steps
+        return self.micro.metrics("rm", log, step_lr, t0)
 
     def rebase_reference(self) -> None:
         """Make the current policy the frozen reference and start a fresh optimizer: RL after a supervised warm
@@ -318,6 +396,8 @@ class LearnerWorker:
 
     # -------------------------------------------------------------------------------------------- checkpoints
     def _trained_models(self) -> list[tuple[str, nn.Module, torch.optim.Optimizer]]:
+        if self.config.trains == "reward_model":
+            return [("reward_model", self.reward_model, self.optimizer)]
         out = [("policy", self.policy, self.optimizer)]
         if self.critic is not None:
             out.append(("critic", self.critic, self.critic_optimizer))
@@ -327,7 +407,7 @@ class LearnerWorker:
         """Save everything needed to resume exactly: weights (safetensors, an HF-loadable directory per model),
         optimizer state, per-rank RNG states, ``step`` and ``data_position`` (any JSON value). ``meta.json`` is
         written last: its presence marks a complete checkpoint. Collective; returns the directory."""
-        self._require_ready()
+        self._require_ready(self.config.trains)
         meta = {"step": int(step), "data_position": data_position, "strategy": self.config.strategy,
                 "optimizer_steps": self.optimizer_steps, "critic_optimizer_steps": self.critic_optimizer_steps,
                 "config": self.config.model_dump(mode="json")}
@@ -335,6 +415,16 @@ class LearnerWorker:
         checkpoint.save_checkpoint(Path(path), trained=self._trained_models(),
                                    reference=self.ref if self.ref_rebased else None, strategy=self.strategy,
                                    ranks=self.ranks, model_dir=self.model_dir, meta=meta)
+        return str(Path(path))
+
+    def export_model(self, path: str | os.PathLike) -> str:
+        """The trained model (policy or reward model) as an HF model folder: safetensors weights, its config and
+        the tokenizer, nothing to resume from. Collective; returns the folder."""
+        self._require_ready(self.config.trains)
+        state = self._full_state(self.trained)
+        if self.rank == 0:
+            checkpoint.export_hf_folder(Path(path), state, self.model_dir, self.trained)
+        self.ranks.barrier()
         return str(Path(path))
 
     @staticmethod
@@ -345,7 +435,7 @@ class LearnerWorker:
         """Restore weights, optimizer state, RNG states and counters saved by ``save_checkpoint`` (any world size
         for weights and optimizer; RNG states per rank when the world size matches). Collective. Returns
         ``{"step", "data_position", ...}`` from the checkpoint."""
-        self._require_ready()
+        self._require_ready(self.config.trains)
         root = Path(path)
         meta = checkpoint.read_checkpoint_meta(root)
         for name, model, optimizer in self._trained_models():
@@ -358,10 +448,10 @@ class LearnerWorker:
             else:  # saved before the first step: a fresh optimizer
                 fresh = self._build_optimizer(model, optimizer.param_groups[0]["lr"],
                                               optimizer.param_groups[0]["weight_decay"])
-                if name == "policy":
-                    self.optimizer = fresh
-                else:
+                if name == "critic":
                     self.critic_optimizer = fresh
+                else:
+                    self.optimizer = fresh
         if "reference" in meta["models"]:
             if self.ref is None:
                 self._build_reference()
