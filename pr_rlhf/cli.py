@@ -275,6 +275,7 @@ def train_rm(recipe: Path = typer.Argument(..., help="recipe YAML with an rm: se
 
 def run_train_rm_stage(recipe: Recipe, address: Optional[str] = None):
     from pr_rlhf.rm.data import TrainingDataError
+    from pr_rlhf.shards import ShardError
     from workers.rm_training import run_train_rm
 
     cfg = recipe.rm
@@ -287,7 +288,7 @@ def run_train_rm_stage(recipe: Recipe, address: Optional[str] = None):
 
     try:
         results, rows, files = run_train_rm(recipe, address, on_step=on_step, log=console.print)
-    except TrainingDataError as exc:
+    except (TrainingDataError, ShardError) as exc:
         _fail(str(exc))
     console.print(files.markdown.read_text(), highlight=False)
     console.print(f"[green]wrote[/] {files.markdown}, {files.json}, {files.figure}")

@@ -57,7 +57,8 @@ def eval_recipe(recipe: Recipe, mode: str, model_dir: Path, out: Path) -> Recipe
                          top_k_profile=cfg.top_k_profile, planner_max_aspects=cfg.planner_max_aspects,
                          n_bootstrap=cfg.eval.n_bootstrap, out=str(out),
                          scalar_rm=ScalarRMConfig(model=str(model_dir), max_length=cfg.max_length,
-                                                  batch_size=cfg.eval.batch_size), **planner)
+                                                  batch_size=cfg.eval.batch_size, device=cfg.eval.device,
+                                                  dtype=cfg.eval.dtype), **planner)
     return recipe.model_copy(update={"name": f"{recipe.name}/{mode}", "eval": section})
 
 
@@ -137,7 +138,8 @@ class RMTrainer:
         out = self.out / mode / "eval"
         if is_complete(out):
             return json.loads((out / "result.json").read_text())
-        result = ray.get(ray.remote(num_cpus=1)(_evaluate).remote(eval_recipe(self.recipe, mode, model_dir, out)))
+        task = ray.remote(num_cpus=1, num_gpus=1 if self.cfg.eval.device == "cuda" else 0)(_evaluate)
+        result = ray.get(task.remote(eval_recipe(self.recipe, mode, model_dir, out)))
         result["model"] = str(model_dir)
         (out / "result.json").write_text(json.dumps(result))
         mark_complete(out)

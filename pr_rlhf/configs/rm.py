@@ -27,6 +27,9 @@ class RMEvalConfig(StrictModel):
     max_pairs: int | None = Field(None, ge=1, description="a seeded sample of at most this many pairs")
     n_bootstrap: int = Field(1000, ge=10)
     batch_size: int = Field(32, ge=1, description="sequences per scoring batch")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="where the evaluation scores (a Ray task with one "
+                                                              "GPU on 'cuda')")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
 
 class RMTrainConfig(SFTStageConfig):
