@@ -94,6 +94,10 @@ def _split_means(values: np.ndarray, contested: np.ndarray) -> dict[str, float |
     return {"all": mean(np.ones_like(contested)), "contested": mean(contested), "rest": mean(~contested)}
 
 
+def _mean_or_zero(values: np.ndarray) -> float:
+    return float(values.mean()) if values.size else 0.0
+
+
 def gate(rule: dict, teacher: dict, contested_share: float) -> dict[str, Any]:
     """The go / no-go for RL from the seen-user numbers, with the reason for each failed condition."""
     gain_all = rule["all"] - teacher["all"]
@@ -115,8 +119,10 @@ def gate(rule: dict, teacher: dict, contested_share: float) -> dict[str, Any]:
 
 def offline_headroom(world: World, teacher: TeacherRule, history_size: int = 3, *, prior: WorldPrior | None = None,
                      group_size: int = 4, pool: Sequence[tuple[WorldPair, list[WorldPair]]] = (),
-                     stale: float = 0.2) -> dict[str, Any]:
-    """The offline part of the check for the recipe's ``teacher``, with the alternative designs beside it."""
+                     stale: float = 0.2, pool_contested_share: float | None = None) -> dict[str, Any]:
+    """The offline part of the check for the recipe's ``teacher``, with the alternative designs beside it.
+    ``pool_contested_share``: the share of contested prompts the RL stage draws (None: the pool's natural mix);
+    the expected share of groups with reward variance is reported at that mix too."""
     prior = prior or WorldPrior.of(world)
     out: dict[str, Any] = {"teacher": teacher, "designs": {}, "groups": {}}
     designs: tuple[str, ...] = ("votes", "recent_pair", "stated")
@@ -144,8 +150,13 @@ def offline_headroom(world: World, teacher: TeacherRule, history_size: int = 3, 
     if pool:
         p = np.array([teacher_expected(world, prior, HeldOutItem(pair, hist), teacher, stale) for pair, hist in pool])
         mixed = 1 - p ** group_size - (1 - p) ** group_size
+        contested = np.array([is_contested(world, prior, pair, hist) for pair, hist in pool])
+        share = float(contested.mean()) if pool_contested_share is None else pool_contested_share
+        at_mix = share * _mean_or_zero(mixed[contested]) + (1 - share) * _mean_or_zero(mixed[~contested])
         out["grpo_pool"] = {"prompts": len(p), "group_size": group_size,
                             "expected_groups_with_variance": float(mixed.mean()),
+                            "contested_share": float(contested.mean()), "stage_contested_share": share,
+                            "expected_groups_with_variance_at_stage_mix": float(at_mix),
                             "teacher_accuracy": float(p.mean()),
                             "candidate_roles": candidate_roles(world, prior,
                                                                [HeldOutItem(pair, hist) for pair, hist in pool])}
@@ -349,7 +360,10 @@ def headroom_markdown(offline: dict[str, Any], model: dict[str, Any] | None = No
     if pool:
         lines += ["", f"GRPO prompt pool: {pool['prompts']} prompts; the teacher's own accuracy there "
                       f"{_pct(pool['teacher_accuracy'])}%; expected share of groups of {pool['group_size']} with "
-                      f"reward variance under a teacher-like policy: {_pct(pool['expected_groups_with_variance'])}%."]
+                      f"reward variance under a teacher-like policy: {_pct(pool['expected_groups_with_variance'])}% "
+                      f"at the pool's mix ({_pct(pool['contested_share'])}% contested), "
+                      f"{_pct(pool['expected_groups_with_variance_at_stage_mix'])}% at the RL stage's "
+                      f"({_pct(pool['stage_contested_share'])}% contested)."]
     sources = [(f"{group} pairs", g.get("candidate_roles")) for group, g in offline["groups"].items()]
     sources.append(("GRPO pool", (pool or {}).get("candidate_roles")))
     if any(roles for _, roles in sources):
@@ -399,8 +413,9 @@ def pipeline_headroom(cfg: PGenRMConfig, seed: int, world: World | None = None, 
     by_id = {p.pair_id: p for p in world.pairs}
     pool = [(by_id[e.pair_id], [by_id[h] for h in e.history_ids])
             for e in grpo_pool(list(examples), cfg.cre.min_history)]
+    stage_share = cfg.cre.hard_share_start if cfg.cre.hard_kind == "contested" else None
     return offline_headroom(world, cfg.psi.teacher, cfg.history_size, prior=prior, group_size=cfg.cre.group_size,
-                            pool=pool)
+                            pool=pool, pool_contested_share=stage_share)
 
 
 def sampled_model_headroom(model_dir: str, world: World, cfg: PGenRMConfig, seed: int,

@@ -168,3 +168,16 @@ def test_submit_bon_sweep(tmp_path):
     client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("bon_job").experiment_id])
     assert "bon/true_weights/best_of_4" in run.data.metrics
+
+
+@pytest.mark.timeout(1800)   # a hang: the jobs take 0.5-2.5 min on a fast 2-core machine
+def test_submit_train_rm(tmp_path):
+    """Bradley-Terry RM training as a Ray job: the learner rank and the evaluation task on the cluster."""
+    from tests.e2e.test_train_rm import write_recipe
+
+    out = tmp_path / "run"
+    with local_cluster() as (address, env):
+        submit_and_wait(address, env, str(write_recipe(tmp_path)), out, ["rm.input_modes=[none]", "rm.steps=2"],
+                        command="train-rm")
+    report = json.loads((out / "report.json").read_text())
+    assert [r["mode"] for r in report["rows"]] == ["none"] and (out / "none" / "model" / "config.json").is_file()

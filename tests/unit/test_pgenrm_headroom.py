@@ -153,9 +153,15 @@ def test_grpo_pool_keeps_the_evaluation_shaped_prompts(world, prior):
     assert len(pool) == sum(len(e.history_ids) == 3 for e in examples) and grpo_pool(examples) == examples
     with pytest.raises(ValueError, match="history pairs"):
         grpo_pool(examples, 4)
-    cfg = PGenRMConfig(world=WORLD, psi={"teacher": "recent_pair", "history_variants": 4}, cre={"min_history": 3})
+    cfg = PGenRMConfig(world=WORLD, psi={"teacher": "recent_pair", "history_variants": 4},
+                       cre={"min_history": 3, "hard_kind": "contested", "hard_share_start": 0.9,
+                            "hard_share_end": 0.9})
     offline = pipeline_headroom(cfg, 0, world, prior, examples)
-    assert offline["grpo_pool"]["prompts"] == len(pool)
+    stats = offline["grpo_pool"]
+    assert stats["prompts"] == len(pool) and stats["stage_contested_share"] == 0.9
+    # contested prompts are where a teacher-like policy's groups disagree: the stage's mix has more of them
+    assert stats["contested_share"] < 0.9
+    assert stats["expected_groups_with_variance_at_stage_mix"] > stats["expected_groups_with_variance"]
 
 
 def test_chain_decision_of_a_type_matches_the_oracle_chain(world, prior):
