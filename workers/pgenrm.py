@@ -518,9 +518,14 @@ class PGenRMPipeline:
                 items = step_prompts(pool, hard, step, scfg.prompts_per_step, self.recipe.seed, schedule)
                 prompts, group_of = self.grpo_prompts(items, scfg.both_orders)
 
-                def refill(rnd: int, count: int, step: int = step) -> tuple[list, list[int]]:
-                    # fresh prompts at the step's mix, seeded by (step, round), group ids after the step's own
-                    more = step_prompts(pool, hard, step, count, self.recipe.seed, schedule, draw=rnd + 1)
+                drawn = list(items)
+
+                def refill(rnd: int, count: int, step: int = step, drawn: list = drawn) -> tuple[list, list[int]]:
+                    # fresh prompts at the step's mix, seeded by (step, round), none the step already has; group
+                    # ids after the step's own
+                    more = step_prompts(pool, hard, step, count, self.recipe.seed, schedule, draw=rnd + 1,
+                                        exclude=drawn)
+                    drawn.extend(more)
                     return self.grpo_prompts(more, scfg.both_orders, first_group=len(items) * (rnd + 2))
                 metrics = rl_step(learner, rollouts, rl_cfg, prompts, rewards, step, self.recipe.seed,
                                   group_of=group_of, refill=refill if scfg.refill_rounds else None,

@@ -20,17 +20,21 @@ def hard_share_at(step: int, steps: int, start: float, end: float) -> float:
 
 
 def step_prompts(pool: Sequence[T], hard: Sequence[bool], step: int, count: int, seed: int,
-                 schedule: tuple[float, float, int] | None = None, draw: int = 0) -> list[T]:
+                 schedule: tuple[float, float, int] | None = None, draw: int = 0,
+                 exclude: Sequence[T] = ()) -> list[T]:
     """``count`` prompts for ``step``. Without a schedule: a seeded sample of the whole pool (its natural mix).
     With ``schedule = (start, end, steps)``: round(share * count) hard prompts and the rest standard ones, each
     a seeded sample without replacement from its part of the pool. ``draw`` > 0: a further, independent draw
-    for the same step (the refill of dynamic sampling), at the step's share."""
+    for the same step (the refill of dynamic sampling), at the step's share, never one of ``exclude`` (the
+    prompts the step already drew: the same objects of ``pool``)."""
     rng = np.random.default_rng([seed, step, 23] + ([draw] if draw else []))
+    taken = {id(item) for item in exclude}
     if schedule is None:
-        return [pool[i] for i in rng.choice(len(pool), min(count, len(pool)), replace=False)]
+        free = [i for i in range(len(pool)) if id(pool[i]) not in taken]
+        return [pool[i] for i in rng.choice(free, min(count, len(free)), replace=False)]
     start, end, steps = schedule
-    hard_idx = [i for i, h in enumerate(hard) if h]
-    easy_idx = [i for i, h in enumerate(hard) if not h]
+    hard_idx = [i for i, h in enumerate(hard) if h and id(pool[i]) not in taken]
+    easy_idx = [i for i, h in enumerate(hard) if not h and id(pool[i]) not in taken]
     share = hard_share_at(step, steps, start, end)
     if (share > 0 and not hard_idx) or (share < 1 and not easy_idx):
         raise ValueError(f"a curriculum needs hard and standard prompts; the pool has {len(hard_idx)} hard and "

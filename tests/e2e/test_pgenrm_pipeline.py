@@ -58,6 +58,12 @@ def test_curriculum_share_rises_and_sampling_is_seeded():
         assert sum(hard[i] for i in picked) == want and len(set(picked)) == 10
     assert step_prompts(pool, hard, 3, 10, 1) == step_prompts(pool, hard, 3, 10, 1)
     assert step_prompts(pool, hard, 3, 10, 1) != step_prompts(pool, hard, 4, 10, 1)
+    # a refill draw never repeats what the step already drew, at the step's share
+    for schedule in (None, (0.2, 0.8, 11)):
+        first = step_prompts(pool, hard, 5, 16, 1, schedule)
+        more = step_prompts(pool, hard, 5, 16, 1, schedule, draw=1, exclude=first)
+        assert len(more) == 16 and not set(more) & set(first)
+        assert sum(hard[i] for i in more) == sum(hard[i] for i in first)
     with pytest.raises(ValueError, match="hard and standard"):
         step_prompts(pool, [False] * 100, 0, 10, 1, schedule=(0.5, 0.5, 2))
     # a refill draw: independent of the step's own draw, at the step's share; hard-only needs no standard prompts
