@@ -538,6 +538,25 @@ def report_ablation(run_dir: Path = typer.Argument(..., help="a `pr-rlhf pgenrm`
     console.print(f"written: {report.markdown}, {report.figure}, {report.json}", highlight=False)
 
 
+@report_app.command("compare-rl")
+def report_compare_rl(new: Path = typer.Argument(..., help="a finished `pr-rlhf train` run directory"),
+                      old: Path = typer.Argument(..., help="the run it is compared with (same held-out prompts)"),
+                      seed: int = typer.Option(0, help="bootstrap seed")) -> None:
+    """Paired difference of two RL runs' last held-out evaluations over the same prompts (95% bootstrap CI): on
+    the downstream scorer (train.downstream) when both have it, else on their own rewards."""
+    from pr_rlhf.rl.compare import compare_runs
+
+    try:
+        row = compare_runs(new, old, seed)
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        _fail(str(exc))
+        raise
+    console.print(f"{row['measure']} on {row['prompts']} held-out prompts: {row['new_mean']:.4f} (step "
+                  f"{row['new_step']}) vs {row['old_mean']:.4f} (step {row['old_step']}): {row['gain']:+.4f} "
+                  f"[95% CI {row['ci_low']:+.4f}, {row['ci_high']:+.4f}]", highlight=False)
+    console.print(json.dumps(row, indent=1), highlight=False, soft_wrap=True)
+
+
 @report_app.command("compare")
 def report_compare(new: Path = typer.Argument(..., help="a finished stage directory, e.g. runs/pgenrm_b/cre"),
                    old: Path = typer.Argument(..., help="the stage it is compared with, e.g. runs/pgenrm/psi"),

@@ -26,6 +26,7 @@ from pr_rlhf.tracking import make_tracker
 from workers.rl_loop import generate_sharded, read_checkpoint, rl_step, sft_steps, sync_weights, write_checkpoint
 
 PER_PROMPT = "heldout_reward_per_prompt"   # an evaluation's mean reward per held-out prompt (same prompts each time)
+PER_PROMPT_DOWNSTREAM = "heldout_downstream_per_prompt"   # the same for the downstream scorer (train.downstream)
 
 
 @dataclass
@@ -45,7 +46,7 @@ def heldout_rise(first: dict, last: dict, n_bootstrap: int = 2000, seed: int = 0
 
 
 def loggable(metrics: dict) -> dict:
-    return {k: v for k, v in metrics.items() if k != PER_PROMPT}
+    return {k: v for k, v in metrics.items() if k not in (PER_PROMPT, PER_PROMPT_DOWNSTREAM)}
 
 
 class RLController:
@@ -63,14 +64,16 @@ class RLController:
         self._workers_started = False
         self.learner: Any = None
         self.reward_pool: Any = None
+        self.downstream_pool: Any = None
         self.rollouts: list = []
         self._rollout_pg: Any = None
         self.placement: dict = {}
 
     # ------------------------------------------------------------------------------------------ workers
-    def reward_config(self):
-        """The gold reward must judge in the very world the shards were built from: take it from their manifest."""
-        reward = self.recipe.reward
+    def reward_config(self, reward: Any = None):
+        """The gold reward must judge in the very world the shards were built from: take it from their manifest.
+        ``reward``: another scorer's config (default: the recipe's reward)."""
+        reward = reward or self.recipe.reward
         if reward.kind == "gold":
             from pr_rlhf.configs.world import WorldConfig
 
@@ -102,6 +105,8 @@ class RLController:
                                                   placement_group_bundle_index=i))
                          for i in range(cfg.rollout_workers)]
         self.reward_pool = RewardPool(self.reward_config())
+        if cfg.downstream is not None:
+            self.downstream_pool = RewardPool(self.reward_config(cfg.downstream))
         self.placement = self._placement()
 
     def _placement(self) -> dict:
@@ -122,26 +127,28 @@ class RLController:
 
         from workers.ray_utils import release_bundles
 
-        if self.reward_pool is not None:
-            self.reward_pool.close()
+        for pool in (self.reward_pool, self.downstream_pool):
+            if pool is not None:
+                pool.close()
         if self.learner is not None:
             self.learner.shutdown()
         for w in self.rollouts:
             ray.kill(w)
         release_bundles(self._rollout_pg)
-        self.learner, self.reward_pool, self.rollouts, self._rollout_pg = None, None, [], None
+        self.learner, self.reward_pool, self.downstream_pool = None, None, None
+        self.rollouts, self._rollout_pg = [], None
         self._workers_started = False
 
     # ------------------------------------------------------------------------------------------ phases
     def _sync_weights(self, version: int) -> None:
         sync_weights(self.learner, self.rollouts, version)
 
-    def _score(self, items: list[PromptItem], texts: list[str], tag: str) -> np.ndarray:
+    def _score(self, items: list[PromptItem], texts: list[str], tag: str, pool: Any = None) -> np.ndarray:
         from pr_rlhf.scorers import RewardRequest
 
         requests = [RewardRequest(request_id=f"{tag}/{i}", user_id=item.user_id, question=item.question,
                                   response=text) for i, (item, text) in enumerate(zip(items, texts))]
-        results = self.reward_pool.score(requests)
+        results = (pool or self.reward_pool).score(requests)
         failed = [r for r in results if r.error is not None or r.score is None]
         if failed:
             # A reward that could not be computed is not a zero reward: the step stops with a clear error.
@@ -161,16 +168,24 @@ class RLController:
         gens = generate_sharded(self.rollouts, [p.messages for p in items], params)
         flat_items = [item for item, g in zip(items, gens) for _ in g.samples]
         texts = [s.text for g in gens for s in g.samples]
-        rewards = self._score(flat_items, texts, f"eval{step}")
-        # samples of one prompt are not independent: the CI resamples whole prompts
-        low, high = mean_ci(rewards, seed=step, clusters=[item.prompt_id for item in flat_items])
         index = np.array([i for i, g in enumerate(gens) for _ in g.samples])
-        per_prompt = (np.bincount(index, weights=rewards, minlength=len(items))
-                      / np.maximum(np.bincount(index, minlength=len(items)), 1)).tolist()
-        return {"step": step, "eval/heldout_reward_mean": float(rewards.mean()),
-                "eval/heldout_reward_std": float(rewards.std()),
-                "eval/heldout_reward_ci_low": low, "eval/heldout_reward_ci_high": high,
-                PER_PROMPT: per_prompt}
+        clusters = [item.prompt_id for item in flat_items]   # a prompt's samples are not independent
+
+        def per_prompt(values: np.ndarray) -> list[float]:
+            return (np.bincount(index, weights=values, minlength=len(items))
+                    / np.maximum(np.bincount(index, minlength=len(items)), 1)).tolist()
+
+        rewards = self._score(flat_items, texts, f"eval{step}")
+        low, high = mean_ci(rewards, seed=step, clusters=clusters)
+        out = {"step": step, "eval/heldout_reward_mean": float(rewards.mean()),
+               "eval/heldout_reward_std": float(rewards.std()),
+               "eval/heldout_reward_ci_low": low, "eval/heldout_reward_ci_high": high, PER_PROMPT: per_prompt(rewards)}
+        if self.downstream_pool is not None:
+            down = self._score(flat_items, texts, f"downstream{step}", self.downstream_pool)
+            low, high = mean_ci(down, seed=step, clusters=clusters)
+            out.update({"eval/downstream_mean": float(down.mean()), "eval/downstream_ci_low": low,
+                        "eval/downstream_ci_high": high, PER_PROMPT_DOWNSTREAM: per_prompt(down)})
+        return out
 
     def train_step(self, step: int) -> dict:
         cfg = self.cfg
@@ -250,7 +265,8 @@ def cpus_needed(recipe: Recipe) -> float:
     """Logical CPUs an RL run's actors ask Ray for (a local Ray must offer at least this many)."""
     cfg, pool = recipe.train, recipe.reward.pool
     learner = cfg.learner.world_size * cfg.learner.num_cpus_per_worker
-    return learner + cfg.rollout_workers * cfg.rollout_num_cpus + pool.workers * pool.num_cpus
+    down = cfg.downstream.pool.workers * cfg.downstream.pool.num_cpus if cfg.downstream is not None else 0.0
+    return learner + cfg.rollout_workers * cfg.rollout_num_cpus + pool.workers * pool.num_cpus + down
 
 
 def run_rl(recipe: Recipe, address: str | None = None, *, on_step: Callable[[dict], None] | None = None,

@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from pr_rlhf.configs.base import EngineConfig, StrictModel, engine_config
 from pr_rlhf.configs.learner import LearnerConfig
+from pr_rlhf.configs.reward import RewardConfig
 from pr_rlhf.configs.world import WorldConfig
 
 
@@ -67,6 +68,10 @@ class RLConfig(StrictModel):
                                                                                   "{rollout_host: 1}")
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     data: RLDataConfig = Field(default_factory=RLDataConfig)
+    downstream: RewardConfig | None = Field(
+        None, description="a second scorer of the held-out evaluations only (e.g. the world's gold utility, "
+                          "kind gold): runs trained with different rewards are compared on it, paired over the "
+                          "same held-out prompts (`pr-rlhf report compare-rl`); its own reward pool")
 
     @model_validator(mode="after")
     def _consistent(self) -> RLConfig:

@@ -9,7 +9,7 @@ from safetensors.numpy import load_file
 from data_pipelines.build import ensure_world_shards
 from pr_rlhf.configs.recipe import load_recipe
 from tests.ray_fixtures import ray_cluster  # noqa: F401  (a session-wide Ray cluster)
-from workers.controller import loggable
+from workers.controller import PER_PROMPT, PER_PROMPT_DOWNSTREAM, loggable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,9 +75,14 @@ def test_interrupted_run_resumes_to_the_same_weights(ray_cluster, world_shards, 
     small = ["train.steps=4", "train.prompts_per_step=2", "train.group_size=4", "train.max_tokens=8",
              "train.checkpoint_every=1", "train.keep_checkpoints=5", "train.eval_every=2",
              "train.warmup_sft_steps=2", "train.warmup_sft_batch=4", "train.learner.lr=1e-3",
-             "train.data.heldout_prompts=4", "train.eval_samples=2", "tracking.enabled=false"]
+             "train.data.heldout_prompts=4", "train.eval_samples=2", "tracking.enabled=false",
+             "train.downstream={kind: gold}"]
     full = RLController(recipe("grpo_tiny.yaml", world_shards, tmp_path / "full", *small)).run()
     assert len(full.history) == 4
+    # the downstream scorer (here the same gold reward) scores the very samples of each held-out evaluation
+    last = full.evals[-1]
+    assert last[PER_PROMPT_DOWNSTREAM] == pytest.approx(last[PER_PROMPT]) and len(last[PER_PROMPT]) == 4
+    assert last["eval/downstream_mean"] == pytest.approx(last["eval/heldout_reward_mean"])
 
     def crash_after_step_3(metrics):
         if metrics["step"] == 2:  # step index 2 = the third step, before its checkpoint is written
@@ -94,3 +99,7 @@ def test_interrupted_run_resumes_to_the_same_weights(ray_cluster, world_shards, 
     assert [h["reward/mean"] for h in resumed.history] == [h["reward/mean"] for h in full.history]
     assert not np.array_equal(a["model.embed_tokens.weight"],
                               final_policy(tmp_path / "full", 1)["model.embed_tokens.weight"])  # it trained
+    from pr_rlhf.rl.compare import compare_runs
+
+    same = compare_runs(tmp_path / "cut", tmp_path / "full")   # the same policy: no difference, paired
+    assert same["measure"] == "downstream" and same["prompts"] == 4 and same["gain"] == pytest.approx(0.0)

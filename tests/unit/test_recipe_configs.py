@@ -44,9 +44,10 @@ ADDED_PGENRM_FIELDS = {"teacher": "votes", "label_filter": True, "hard_kind": "o
                        "refill_rounds": 0, "min_history": 0, "stop_kl": None, "stop_parse_rate": None,
                        "stop_patience": 2, "control": None, "placement": "persona", "certainty_weighting": False}
 
-# Added after the baseline: the root's Bradley-Terry section (no baseline recipe has one) and what a learner trains
-# (the policy, as every learner did before).
-ADDED_ROOT_SECTIONS = {("rm",)}
+# Added after the baseline: the root's Bradley-Terry section (no baseline recipe has one), an RL run's downstream
+# scorer (none: the held-out evaluations are scored by the reward alone, as before) and what a learner trains (the
+# policy, as every learner did before).
+ADDED_ROOT_SECTIONS = {("rm",), ("train", "downstream")}
 ADDED_LEARNER_FIELDS = {"trains": "policy"}
 
 
