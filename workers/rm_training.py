@@ -38,8 +38,9 @@ def plan_inputs(cfg: RMTrainConfig, inputs: list[RMInput], cache: Path, seed: in
 
     engine = make_engine(cfg.planner)
     try:
-        plans = Planner(engine, params=SamplingParams(temperature=0.0, max_tokens=256, seed=seed),
-                        max_aspects=cfg.planner_max_aspects).plan(inputs, cfg.top_k_profile)
+        gen = cfg.planner_generation
+        params = SamplingParams(temperature=gen.temperature, top_p=gen.top_p, max_tokens=gen.max_tokens, seed=seed)
+        plans = Planner(engine, params=params, max_aspects=cfg.planner_max_aspects).plan(inputs, cfg.top_k_profile)
     finally:
         engine.close()
     planned = with_plans(inputs, plans)
@@ -55,7 +56,7 @@ def eval_recipe(recipe: Recipe, mode: str, model_dir: Path, out: Path) -> Recipe
     section = EvalConfig(shards=cfg.shards, split=cfg.eval.split, users=cfg.eval.users, max_pairs=cfg.eval.max_pairs,
                          modes=["pointwise"], inputs=[mode], pointwise_model="scalar", history_pairs=0,
                          top_k_profile=cfg.top_k_profile, planner_max_aspects=cfg.planner_max_aspects,
-                         n_bootstrap=cfg.eval.n_bootstrap, out=str(out),
+                         n_bootstrap=cfg.eval.n_bootstrap, out=str(out), generation=cfg.planner_generation,
                          scalar_rm=ScalarRMConfig(model=str(model_dir), max_length=cfg.max_length,
                                                   batch_size=cfg.eval.batch_size, device=cfg.eval.device,
                                                   dtype=cfg.eval.dtype), **planner)

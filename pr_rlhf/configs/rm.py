@@ -11,7 +11,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pr_rlhf.configs.base import EngineConfig, StrictModel
+from pr_rlhf.configs.base import EngineConfig, GenerationConfig, StrictModel
 from pr_rlhf.configs.learner import LearnerConfig
 from pr_rlhf.configs.pgenrm import SFTStageConfig
 from pr_rlhf.configs.world import WorldConfig
@@ -65,6 +65,8 @@ class RMTrainConfig(SFTStageConfig):
     planner: EngineConfig | None = Field(None, description="the planner engine of mode 'plan' (its rubrics are "
                                                            "made once per query and cached in the run folder)")
     planner_max_aspects: int = Field(8, ge=1)
+    planner_generation: GenerationConfig = Field(default_factory=GenerationConfig, description="the planner's "
+                                                 "sampling, for the training rubrics and the evaluation's alike")
     learner: LearnerConfig = Field(default_factory=_rm_learner)
     eval: RMEvalConfig = Field(default_factory=RMEvalConfig)
 

@@ -58,3 +58,19 @@ def test_train_rm_trains_exports_evaluates_reports_and_resumes(tmp_path):
     assert "none:" in text and "not retrained" in text and "profile: resumed from" in text
     assert len(json.loads((out / "profile" / "history.json").read_text())) == 6
     assert json.loads((out / "report.json").read_text())["rows"][1]["n"] == rows["profile"]["n"]
+
+
+def test_plan_mode_plans_every_training_query_once_and_evaluates_with_the_planner(tmp_path):
+    """Mechanics only: an untrained tiny planner writes poor rubrics (a failed plan shows an empty block)."""
+    recipe, out = write_recipe(tmp_path), tmp_path / "run"
+    planner = '{backend: hf, model: tiny}'
+    args = ["train-rm", str(recipe), "--out", str(out), "--set", "rm.input_modes=[plan]", "--set",
+            f"rm.planner={planner}", "--set", "rm.planner_generation.max_tokens=12", "--set", "rm.steps=2"]
+    run = run_cli(args, hang_timeout_s=HANG_S, env=CLI_ENV)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    plans = json.loads((out / "plans_train.json").read_text())
+    assert len(plans) == 12 * 4 and all(isinstance(aspects, list) for aspects in plans.values())
+    (row,) = json.loads((out / "report.json").read_text())["rows"]
+    assert row["mode"] == "plan" and row["n"] == 12 * 3 + 4 * 2
+    metrics = json.loads((out / "plan" / "eval" / "metrics.json").read_text())
+    assert "pointwise/plan" in metrics["groups"]
