@@ -92,6 +92,14 @@ def paired_gain(new: dict[str, float], old: dict[str, float], seed: int = 0,
             "changed": int(sum(new[p] != old[p] for p in shared))}
 
 
+def fmt_paired_gain(g: Mapping[str, Any] | None, with_changed: bool = False) -> str:
+    """A :func:`paired_gain` in points, ``+4.1 [+1.4, +6.4]`` (and its changed verdicts); '-' for none."""
+    if not g:
+        return "-"
+    text = f"{100 * g['gain']:+.1f} [{100 * g['ci_low']:+.1f}, {100 * g['ci_high']:+.1f}]"
+    return f"{text} ({g['changed']} changed)" if with_changed else text
+
+
 # --------------------------------------------------------------------------------------------------------------
 # References
 # --------------------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pr_rlhf.eval.report import correct_by_pair, paired_gain
+from pr_rlhf.eval.report import correct_by_pair, fmt_paired_gain, paired_gain
 from pr_rlhf.files import is_complete
 from pr_rlhf.pgenrm.headroom import TYPE_CHOICES, type_choice_table
 from pr_rlhf.report_files import new_figure, write_report_files
@@ -186,10 +186,7 @@ def _cell(c: dict) -> str:
 
 
 def _gain(c: dict) -> str:
-    g = c.get("gain")
-    if not g:
-        return "-"
-    return f"{100 * g['gain']:+.1f} [{100 * g['ci_low']:+.1f}, {100 * g['ci_high']:+.1f}]"
+    return fmt_paired_gain(c.get("gain"))
 
 
 def markdown(rows: list[dict], refs: dict[str, dict], title: str) -> str:

@@ -11,6 +11,7 @@ from pr_rlhf.eval.report import (
     accuracy_figure,
     correct_by_pair,
     fmt_accuracy_ci,
+    fmt_paired_gain,
     normalize_references,
     paired_gain,
 )
@@ -36,10 +37,7 @@ def mode_rows(evals: Mapping[str, Mapping[str, Any]], seed: int = 0) -> list[dic
 
 
 def _gain(row: dict) -> str:
-    g = row.get("vs_none")
-    if not g:
-        return "-"
-    return f"{100 * g['gain']:+.1f} [{100 * g['ci_low']:+.1f}, {100 * g['ci_high']:+.1f}] ({g['changed']} changed)"
+    return fmt_paired_gain(row.get("vs_none"), with_changed=True)
 
 
 def markdown(rows: list[dict], references: Mapping[str, Any], title: str) -> str:
