@@ -258,6 +258,33 @@ def run_train_stage(recipe: Recipe, address: Optional[str] = None):
     return result, rise
 
 
+@app.command("rl-sweep")
+def rl_sweep(recipe: Path = typer.Argument(..., help="recipe YAML with train: and rl_sweep: sections"),
+             overrides: Optional[List[str]] = OverridesOpt,
+             out: Optional[Path] = typer.Option(None, "--out", "-o", help="sweep folder (rl_sweep.out)"),
+             address: Optional[str] = typer.Option(None, help="Ray address; default: the cluster this job runs "
+                                                              "in (ray job submit), else a private local Ray")) -> None:
+    """The train: run once per reward arm (same policy, prompts, steps, seed), compared on train.downstream:
+    sweep.md/json/png (each arm vs the baseline, per population-agreement group) and correlation.md (benchmark
+    accuracy vs downstream)."""
+    extra = [f"rl_sweep.out={json.dumps(str(out))}"] if out else []
+    resolved = _recipe(recipe, list(overrides or []) + extra)
+    if resolved.train is None or resolved.rl_sweep is None:
+        _fail(f"{recipe}: rl-sweep needs train: and rl_sweep: sections")
+    from workers.rl_sweep import run_rl_sweep
+
+    console.rule(f"[bold]rl-sweep[/] {', '.join(resolved.rl_sweep.arms)} -> {resolved.rl_sweep.out}")
+
+    def on_step(arm: str, m: dict) -> None:
+        line = f"{arm:>12} step {m['step'] + 1:>4}/{resolved.train.steps}  reward {m['reward/mean']:+.3f}"
+        if "eval/downstream_mean" in m:
+            line += f"  held-out downstream {m['eval/downstream_mean']:+.3f}"
+        console.print(line, highlight=False)
+
+    result = run_rl_sweep(resolved, address, on_step=on_step, log=console.print)
+    console.print(result["files"].markdown.read_text(), highlight=False, soft_wrap=True)
+
+
 @app.command("train-rm")
 def train_rm(recipe: Path = typer.Argument(..., help="recipe YAML with an rm: section"),
              overrides: Optional[List[str]] = OverridesOpt,

@@ -19,6 +19,7 @@ import numpy as np
 
 from pr_rlhf.configs.bon import BoNConfig
 from pr_rlhf.configs.recipe import Recipe
+from pr_rlhf.eval.benchmark import benchmark_accuracies
 from pr_rlhf.files import atomic_write
 from pr_rlhf.models.base import SamplingParams
 from pr_rlhf.report_files import write_report_files
@@ -59,21 +60,6 @@ def load_bon_prompts(cfg: BoNConfig, seed: int) -> list[tuple[PromptItem, dict]]
                 "narrative": str((rubrics.get(row["query_id"]) or {}).get("narrative") or "")}
         out.append((make_item(row, data, {}), seen))
     return out
-
-
-def read_accuracy(value: float | str) -> float:
-    """A benchmark accuracy given as a number, or as 'path/result.json:group' (the group's summary accuracy)."""
-    if not isinstance(value, str):
-        return float(value)
-    path, _, group = value.rpartition(":")
-    try:
-        result = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"benchmark_accuracy: {path} does not exist (run the stage that writes it)") from None
-    try:
-        return float(result[group]["summary"]["accuracy"])
-    except (KeyError, TypeError):
-        raise ValueError(f"{path}: no field {group}.summary.accuracy (groups: {sorted(result)})") from None
 
 
 def _parts(folder: Path) -> list[dict]:
@@ -224,25 +210,10 @@ class BoNSweep:
         return report
 
     def benchmark_accuracies(self) -> dict[str, float]:
-        """The recipe's ``benchmark_accuracy``, plus (when not given there) the pairwise accuracy of each
-        ``world_estimate`` and ``gold`` reward model (gold = the true weights) on the world's held-out pairs of the
-        sweep's user group (``estimate_accuracy``)."""
-        from pr_rlhf.world import build_world
-        from pr_rlhf.world.reference import estimate_accuracy
-
-        bench = {name: read_accuracy(value) for name, value in self.cfg.benchmark_accuracy.items()}
+        """The recipe's ``benchmark_accuracy``, plus (when not given there) each ``world_estimate`` and ``gold``
+        reward model's accuracy on the world's held-out pairs of the sweep's user group."""
         users = "cold_start" if self.cfg.prompts_from == "cold_start" else "seen"
-        worlds: dict[str, Any] = {}   # one build per distinct world (the RMs usually share the sweep's)
-        for name, rcfg in self.cfg.reward_models.items():
-            if name in bench or rcfg.kind not in ("gold", "world_estimate"):
-                continue
-            predictor = "true_weights" if rcfg.kind == "gold" else rcfg.estimator
-            key = rcfg.world.model_dump_json()
-            if key not in worlds:
-                worlds[key] = build_world(rcfg.world)
-            history = rcfg.history_pairs if rcfg.kind == "world_estimate" else 0   # the true weights read none
-            bench[name] = estimate_accuracy(worlds[key], predictor, history, users=users).accuracy
-        return bench
+        return benchmark_accuracies(self.cfg.reward_models, self.cfg.benchmark_accuracy, users)
 
     def write_report(self, curves: dict[str, list], counts: dict[str, dict[str, int]]) -> dict[str, Any]:
         intro = (f"Pool: n = {self.cfg.n} samples per prompt; quality = the downstream judge "

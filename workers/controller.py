@@ -49,6 +49,19 @@ def loggable(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if k not in (PER_PROMPT, PER_PROMPT_DOWNSTREAM)}
 
 
+def in_shards_world(reward: Any, shards: str):
+    """The world's judges (gold, world_estimate) must judge in the very world the shards were built from: their
+    config with the world of the shards' manifest; any other scorer unchanged."""
+    if reward.kind not in ("gold", "world_estimate"):
+        return reward
+    from pr_rlhf.configs.world import WorldConfig
+
+    built = ShardReader(shards).manifest.get("config", {}).get("world")
+    if built is None:
+        raise ValueError(f"{shards}: {reward.kind} rewards need shards of the synthetic world")
+    return reward.model_copy(update={"world": WorldConfig.model_validate(built)})
+
+
 class RLController:
     """Owns the worker groups of one run; ``run()`` trains ``cfg.steps`` steps (or continues a killed run)."""
 
@@ -71,17 +84,8 @@ class RLController:
 
     # ------------------------------------------------------------------------------------------ workers
     def reward_config(self, reward: Any = None):
-        """The gold reward must judge in the very world the shards were built from: take it from their manifest.
-        ``reward``: another scorer's config (default: the recipe's reward)."""
-        reward = reward or self.recipe.reward
-        if reward.kind == "gold":
-            from pr_rlhf.configs.world import WorldConfig
-
-            built = ShardReader(self.cfg.data.shards).manifest.get("config", {}).get("world")
-            if built is None:
-                raise ValueError(f"{self.cfg.data.shards}: gold rewards need shards of the synthetic world")
-            reward = reward.model_copy(update={"world": WorldConfig.model_validate(built)})
-        return reward
+        """``reward`` (default: the recipe's) judging in the world of the run's shards (:func:`in_shards_world`)."""
+        return in_shards_world(reward or self.recipe.reward, self.cfg.data.shards)
 
     def start_workers(self) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -255,7 +259,9 @@ class RLController:
                     self.on_step(metrics)
                     if done % self.cfg.checkpoint_every == 0 or done == self.cfg.steps:
                         self.save(done, history, evals)
-            (self.run_dir / "history.json").write_text(json.dumps({"history": history, "evals": evals}, indent=1))
+            (self.run_dir / "history.json").write_text(json.dumps(
+                {"history": history, "evals": evals, "heldout_users": [p.user_id for p in self.heldout_prompts]},
+                indent=1))
             return RLResult(self.run_dir, history, evals, resumed_from=start)
         finally:
             self.shutdown()

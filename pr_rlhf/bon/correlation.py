@@ -77,15 +77,18 @@ def load_bon(path: Path) -> dict:
 
 
 def correlation_report(bons: Sequence[Mapping], extra: Mapping[str, Mapping[str, float]] | None = None,
-                       labels: Sequence[str] | None = None) -> CorrelationReport:
+                       labels: Sequence[str] | None = None,
+                       benchmark: Mapping[str, float] | None = None) -> CorrelationReport:
     """Agreements for every best-of-k column of every sweep (prefixed by its label when several) and every extra
-    column. Benchmark accuracies of all sweeps are merged (a later sweep's value for the same RM wins)."""
+    column. Benchmark accuracies of all sweeps are merged (a later sweep's value for the same RM wins), then
+    ``benchmark`` (e.g. an RL sweep's, without any Best-of-N sweep)."""
     bench: dict[str, float] = {}
     columns: dict[str, dict[str, float]] = {}
     for i, bon in enumerate(bons):
         bench.update({k: float(v) for k, v in bon["benchmark_accuracy"].items()})
         prefix = f"{labels[i]}/" if labels and len(bons) > 1 else ""
         columns.update({prefix + c: v for c, v in best_of_k_columns(bon).items()})
+    bench.update({k: float(v) for k, v in (benchmark or {}).items() if v is not None})
     columns.update({c: {k: float(v) for k, v in vals.items()} for c, vals in (extra or {}).items()})
     report = CorrelationReport(bench)
     for column, quality in columns.items():

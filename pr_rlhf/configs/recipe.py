@@ -27,7 +27,7 @@ from pr_rlhf.configs.bon import BoNConfig
 from pr_rlhf.configs.inherit import Declared, fill_children
 from pr_rlhf.configs.pgenrm import PGenRMConfig
 from pr_rlhf.configs.reward import REWARD_MEMBERS, RewardConfig, reward_config
-from pr_rlhf.configs.rl import RLConfig
+from pr_rlhf.configs.rl import RLConfig, RLSweepConfig
 from pr_rlhf.configs.rm import RMTrainConfig
 from pr_rlhf.configs.scaling import ScalingEvalConfig
 from pr_rlhf.configs.serve import ServeConfig
@@ -124,6 +124,8 @@ class Recipe(StrictModel):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     reward: RewardConfig = Field(default_factory=reward_config, description="the reward pool's scorer")
     train: RLConfig | None = Field(None, description="an RL run (GRPO / PPO): `pr-rlhf train`")
+    rl_sweep: RLSweepConfig | None = Field(None, description="the train: run once per reward arm, compared "
+                                                             "downstream: `pr-rlhf rl-sweep`")
     rm: RMTrainConfig | None = Field(None, description="Bradley-Terry reward models, one per input mode: "
                                                        "`pr-rlhf train-rm`")
     pgenrm: PGenRMConfig | None = Field(None, description="P-GenRM training stages: `pr-rlhf pgenrm`")

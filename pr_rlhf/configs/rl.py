@@ -50,6 +50,12 @@ class RLConfig(StrictModel):
                                                        "training on the shards' answers (chosen and rejected "
                                                        "alike, so the policy learns the answer space, not the "
                                                        "preferences); a random-init policy needs it")
+    warmup_sft_target: Literal["answers", "rubric"] = Field(
+        "answers", description="what the warm start imitates: 'answers', both answers of each training pair (the "
+                               "answer space only); 'rubric' (compact synthetic world, data.plan='rubrics'), an "
+                               "answer that does what each shown aspect asks and draws the other attributes at "
+                               "random: instruction following, which a pretrained policy brings and a random-init "
+                               "one lacks, without any preference label")
     warmup_sft_batch: int = Field(16, ge=1)
     warmup_sft_lr: float | None = Field(None, gt=0, description="learning rate of the warm start (default: the "
                                                                 "learner's lr, which RL keeps)")
@@ -77,6 +83,8 @@ class RLConfig(StrictModel):
     def _consistent(self) -> RLConfig:
         if self.algorithm == "grpo" and self.group_size < 2:
             raise ValueError("GRPO needs group_size >= 2 (advantages are relative to the group)")
+        if self.warmup_sft_target == "rubric" and self.data.plan != "rubrics":
+            raise ValueError("warmup_sft_target='rubric' follows the rubric in the prompt: set data.plan='rubrics'")
         if self.algorithm == "ppo" and not self.learner.critic.enabled:
             raise ValueError("PPO needs a critic: set train.learner.critic.enabled=true")
         return self
@@ -84,3 +92,35 @@ class RLConfig(StrictModel):
     @property
     def advantage_estimator(self) -> str:
         return self.advantage or ("grpo" if self.algorithm == "grpo" else "gae")
+
+
+class RLSweepConfig(StrictModel):
+    """The recipe's RL run (``train:``) once per reward arm (``pr-rlhf rl-sweep``): the same policy, prompts,
+    steps and seed, only the reward differs; every arm's held-out answers scored by the same downstream judge
+    (``train.downstream``), each arm compared with ``baseline`` paired over the held-out prompts, and the arms'
+    benchmark accuracies ranked against their downstream values (benchmark validity under RL)."""
+
+    INHERITED: ClassVar[tuple[str, ...]] = ("out",)
+
+    arms: dict[str, RewardConfig] = Field(description="arm name -> the reward its run trains on")
+    baseline: str = Field(description="the arm every other is compared with (e.g. the non-personalized reward)")
+    benchmark_accuracy: dict[str, float | str] = Field(
+        default_factory=dict, description="arm -> its reward's benchmark accuracy: a number in [0, 1] or "
+                                          "'path/result.json:group' (e.g. a `pr-rlhf train-rm` evaluation); gold "
+                                          "and world_estimate arms get theirs from the world when not given")
+    benchmark_users: Literal["seen", "cold_start", "all"] = Field(
+        "all", description="whose held-out pairs the world's judges' benchmark accuracy is computed on (match "
+                           "the evaluation behind the given accuracies)")
+    out: str = Field("runs/rl_sweep", description="one run folder per arm, and the sweep's report")
+
+    @model_validator(mode="after")
+    def _check(self) -> RLSweepConfig:
+        if self.baseline not in self.arms:
+            raise ValueError(f"baseline {self.baseline!r} is not an arm (arms: {sorted(self.arms)})")
+        unknown = sorted(set(self.benchmark_accuracy) - set(self.arms))
+        if unknown:
+            raise ValueError(f"benchmark_accuracy names arms not in arms: {unknown}")
+        for name, value in self.benchmark_accuracy.items():
+            if isinstance(value, float) and not 0.0 <= value <= 1.0:
+                raise ValueError(f"benchmark_accuracy.{name}: {value} is not an accuracy in [0, 1]")
+        return self

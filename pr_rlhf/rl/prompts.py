@@ -6,6 +6,7 @@ prompts the same way, and a resumed run finds the same prompts at the same data 
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -72,9 +73,12 @@ def load_prompts(cfg: RLConfig) -> tuple[list[PromptItem], list[PromptItem]]:
 
 def load_warmup_answers(cfg: RLConfig) -> list[tuple[PromptItem, str]]:
     """(prompt, answer) pairs from the training users' pairs: both answers of each pair, so a warm start learns
-    what answers look like without learning whom they suit."""
+    what answers look like without learning whom they suit; with ``warmup_sft_target='rubric'``
+    (:func:`rubric_following_answers`) answers that do what the prompt's aspects ask."""
     reader = ShardReader(cfg.data.shards)
     plans = query_plans(reader, cfg.data)
+    if cfg.warmup_sft_target == "rubric":
+        return rubric_following_answers(reader, cfg)
     out = []
     for r in reader.iter_rows("pairs", cfg.data.train_split):
         item = make_item(r, cfg.data, plans)
@@ -100,4 +104,28 @@ def batch_at(items: Sequence[T], position: int, count: int, seed: int) -> list[T
     for pos in range(position, position + count):
         epoch, offset = divmod(pos, n)
         out.append(items[prompt_order(n, seed, epoch)[offset]])
+    return out
+
+
+def rubric_following_answers(reader: ShardReader, cfg: RLConfig) -> list[tuple[PromptItem, str]]:
+    """Two answers per training query of a compact synthetic world, each with every attribute its rubric names set
+    as the aspect asks and every other attribute drawn at random (seeded): the answer depends on what the prompt
+    shows, never on a preference label, so the warm policy follows instructions without knowing anyone's taste."""
+    from pr_rlhf.configs.world import WorldConfig
+    from pr_rlhf.world.attributes import render_compact
+
+    world = reader.manifest.get("config", {}).get("world") or {}
+    if world.get("rendering") != "compact":
+        raise ValueError(f"{cfg.data.shards}: warmup_sft_target='rubric' renders answers of a compact synthetic "
+                         f"world (shards of rendering {world.get('rendering')!r})")
+    wanted = {r["query_id"]: {a["name"]: int(a["wants"]) for a in json.loads(r["meta"])["attributes"]}
+              for r in reader.iter_rows("rubrics")}
+    names = WorldConfig.model_validate(world).attribute_names   # the world's order, as its answers are rendered
+    rng = np.random.default_rng([cfg.warmup_sft_batch, 23])
+    out = []
+    for item in load_prompts(cfg)[0]:   # the training prompts: seen users only
+        for _ in range(2):
+            drawn = rng.integers(0, 2, size=len(names))
+            values = {n: wanted[item.prompt_id].get(n, int(v)) for n, v in zip(names, drawn)}
+            out.append((item, render_compact(values)))
     return out

@@ -216,3 +216,16 @@ def estimate_accuracy(world: World, predictor: str, history_size: int = 3, *, us
     s = np.asarray(scores)
     lo, hi = bootstrap_ci(s, stream(world.config.seed, "bootstrap"), n_boot)
     return Estimate(float(s.mean()) if len(s) else float("nan"), lo, hi, len(s))
+
+
+def population_agreement(world: World, user_ids: list[str] | None = None) -> dict[str, float]:
+    """user id -> cosine between the user's true weights and the population's preference (the prior mean that
+    the ``no_history`` predictor scores with): above 0 the user shares the population's taste, below 0 a reward
+    that ignores who asks pushes the policy away from what this user wants."""
+    population = WorldPrior.of(world).samples.mean(axis=0)
+    norm = float(np.linalg.norm(population))
+    out = {}
+    for uid in user_ids if user_ids is not None else [u.user_id for u in world.users]:
+        w = world.user(uid).weights.astype(np.float64)
+        out[uid] = float(w @ population / (np.linalg.norm(w) * norm)) if norm > 0 and np.linalg.norm(w) > 0 else 0.0
+    return out

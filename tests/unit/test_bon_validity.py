@@ -10,11 +10,11 @@ import pytest
 from pr_rlhf.bon.correlation import correlation_report, load_bon, write_correlation_report
 from pr_rlhf.configs.bon import BoNConfig
 from pr_rlhf.configs.reward import reward_config
+from pr_rlhf.eval.benchmark import read_accuracy
 from pr_rlhf.models.base import Generation, Sample
 from pr_rlhf.scorers import GenRMScorer, RewardRequest, WorldEstimateScorer
 from pr_rlhf.world import WorldConfig, build_world
 from pr_rlhf.world.reference import REFERENCES, estimate_accuracy, estimated_weights, reference_accuracies
-from workers.bon import read_accuracy
 
 WORLD = WorldConfig(rendering="compact", n_attributes=3, n_archetypes=3, max_differing_attributes=2, users=30,
                     cold_start_users=6, reference_samples=600)

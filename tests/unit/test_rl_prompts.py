@@ -1,6 +1,7 @@
 """RL prompt loading from the shards, the seeded order a run visits them in, and supervised example encoding."""
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -44,6 +45,41 @@ def test_warmup_answers_are_both_answers_of_each_training_pair(shards):
     assert answers and len(answers) % 2 == 0
     for (first, chosen), (second, rejected) in zip(answers[::2], answers[1::2]):
         assert first == second and chosen != rejected
+
+
+def test_rubric_warmup_answers_do_what_the_shown_aspects_ask(tmp_path):
+    from data_pipelines.build import build_shards
+    from pr_rlhf.configs.recipe import DataConfig
+    from pr_rlhf.shards import ShardReader
+    from pr_rlhf.world.attributes import detect
+
+    out = tmp_path / "compact"
+    build_shards(DataConfig(source="synthetic", out=str(out), retrieval={"embedder": "bm25"}),
+                 WorldConfig(rendering="compact", users=6, cold_start_users=2, reference_samples=200))
+    cfg = RLConfig(warmup_sft_target="rubric", data={"shards": str(out), "plan": "rubrics"})
+    answers = load_warmup_answers(cfg)
+    train, _ = load_prompts(cfg)
+    assert [item for item, _ in answers] == [item for item in train for _ in range(2)]   # seen users only
+    wanted = {r["query_id"]: json.loads(r["meta"])["attributes"] for r in ShardReader(out).iter_rows("rubrics")}
+    for item, answer in answers:
+        found = detect(answer)
+        assert all(found[a["name"]] == int(a["wants"]) for a in wanted[item.prompt_id]), (item.prompt_id, answer)
+    assert len({answer for _, answer in answers}) > len(train) / 2   # the unnamed attributes vary
+    with pytest.raises(ValueError, match="compact synthetic world"):
+        load_warmup_answers(RLConfig(warmup_sft_target="rubric", data={"shards": str(shards_varied(tmp_path)),
+                                                                        "plan": "rubrics"}))
+    with pytest.raises(ValueError, match="data.plan='rubrics'"):
+        RLConfig(warmup_sft_target="rubric", data={"shards": str(out)})
+
+
+def shards_varied(tmp_path):
+    from data_pipelines.build import build_shards
+    from pr_rlhf.configs.recipe import DataConfig
+
+    out = tmp_path / "varied"
+    build_shards(DataConfig(source="synthetic", out=str(out), retrieval={"embedder": "bm25"}),
+                 WorldConfig(users=3, cold_start_users=1, reference_samples=100))
+    return out
 
 
 def test_batch_at_visits_each_item_once_per_epoch_and_resumes_anywhere():
