@@ -71,7 +71,7 @@ class BoNConfig(StrictModel):
         for name, value in self.benchmark_accuracy.items():
             if isinstance(value, float) and not 0.0 <= value <= 1.0:
                 raise ValueError(f"benchmark_accuracy.{name}: {value} is not an accuracy in [0, 1]")
-            if isinstance(value, str) and not value.rpartition(":")[0].endswith(".json"):
+            if isinstance(value, str) and not (value.endswith(".json") or value.rpartition(":")[0].endswith(".json")):
                 raise ValueError(f"benchmark_accuracy.{name}: {value!r} is neither a number nor "
                                  "'path/result.json:group'")
         unknown = sorted(set(self.benchmark_accuracy) - set(self.reward_models))

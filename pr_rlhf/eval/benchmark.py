@@ -12,18 +12,20 @@ from pr_rlhf.world.reference import UserGroup
 
 
 def read_accuracy(value: float | str) -> float:
-    """A benchmark accuracy given as a number, or as 'path/result.json:group' (the group's summary accuracy)."""
+    """A benchmark accuracy given as a number, as 'path/result.json:group' (the group's summary accuracy), or as
+    'path/result.json' (a `pr-rlhf eval` result's own summary)."""
     if not isinstance(value, str):
         return float(value)
-    path, _, group = value.rpartition(":")
+    path, _, group = value.rpartition(":") if not value.endswith(".json") else (value, "", "")
     try:
         result = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"benchmark_accuracy: {path} does not exist (run the stage that writes it)") from None
     try:
-        return float(result[group]["summary"]["accuracy"])
+        return float((result[group] if group else result)["summary"]["accuracy"])
     except (KeyError, TypeError):
-        raise ValueError(f"{path}: no field {group}.summary.accuracy (groups: {sorted(result)})") from None
+        field = f"{group}.summary.accuracy" if group else "summary.accuracy"
+        raise ValueError(f"{path}: no field {field} (keys: {sorted(result)})") from None
 
 
 def benchmark_accuracies(reward_models: Mapping[str, Any], given: Mapping[str, float | str],

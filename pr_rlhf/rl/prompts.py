@@ -29,6 +29,11 @@ class PromptItem:
     subset: str
     question: str
     messages: list
+    retrieved: tuple = ()   # the query's retrieved profile posts, for reward models that read them
+
+    def reward_meta(self) -> dict[str, Any]:
+        """What a reward request about this prompt carries for the scorer (the user's retrieved posts)."""
+        return {"subset": self.subset, "retrieved": [dict(post) for post in self.retrieved]}
 
 
 def query_plans(reader: ShardReader, data: RLDataConfig) -> dict[str, list[str]]:
@@ -47,7 +52,8 @@ def make_item(row: dict, data: RLDataConfig, plans: dict[str, list[str]]) -> Pro
         raise ValueError(f"{data.shards}: query {row['query_id']!r} has no rubric (train.data.plan='rubrics')")
     return PromptItem(row["query_id"], row["user_id"], row["subset"], row["question"],
                       policy_messages(row["question"], row["retrieved"], data.profile_top_k,
-                                      plans.get(row["query_id"])))
+                                      plans.get(row["query_id"])),
+                      tuple(dict(post) for post in row.get("retrieved") or ()))
 
 
 def load_prompts(cfg: RLConfig) -> tuple[list[PromptItem], list[PromptItem]]:

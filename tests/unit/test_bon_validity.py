@@ -98,6 +98,9 @@ def test_benchmark_accuracy_from_numbers_or_result_files(tmp_path):
         read_accuracy(f"{result}:cold")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         read_accuracy(f"{tmp_path}/missing.json:seen")
+    own = tmp_path / "eval_result.json"   # a `pr-rlhf eval` result: its own summary, no group
+    own.write_text(json.dumps({"summary": {"accuracy": 0.625}, "predictions": []}))
+    assert read_accuracy(str(own)) == 0.625
     rms = {"a": reward_config(kind="gold")}
     with pytest.raises(ValueError, match="benchmark_accuracy.a"):
         BoNConfig(reward_models=rms, benchmark_accuracy={"a": 1.5})

@@ -47,7 +47,8 @@ ADDED_PGENRM_FIELDS = {"teacher": "votes", "label_filter": True, "hard_kind": "o
 # Added after the baseline: the root's Bradley-Terry section (no baseline recipe has one), an RL run's downstream
 # scorer (none: the held-out evaluations are scored by the reward alone, as before) and what a learner trains (the
 # policy, as every learner did before).
-ADDED_ROOT_SECTIONS = {("rm",), ("train", "downstream")}
+ADDED_ROOT_SECTIONS = {("rm",), ("train", "downstream"), ("rl_sweep",)}
+ADDED_TRAIN_FIELDS = {"warmup_sft_target": "answers"}
 ADDED_LEARNER_FIELDS = {"trains": "policy"}
 
 
@@ -121,6 +122,9 @@ def test_every_recipe_resolves_to_its_effective_settings_before(name):
     for path in set(now_leaves) - matched:
         if path in ROOT_FOLDERS | ADDED_ROOT_SECTIONS:   # unset in every baseline recipe
             assert now_leaves[path] is None, path
+            continue
+        if path[:1] == ("train",) and len(path) == 2 and path[-1] in ADDED_TRAIN_FIELDS:
+            assert now_leaves[path] == ADDED_TRAIN_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"
             continue
         if path[-2:-1] == ("learner",) and path[-1] in ADDED_LEARNER_FIELDS:
             assert now_leaves[path] == ADDED_LEARNER_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"
