@@ -151,7 +151,8 @@ class RLController:
         from pr_rlhf.scorers import RewardRequest
 
         requests = [RewardRequest(request_id=f"{tag}/{i}", user_id=item.user_id, question=item.question,
-                                  response=text, meta=item.reward_meta()) for i, (item, text) in enumerate(zip(items, texts))]
+                                  response=text, meta=item.reward_meta())
+                    for i, (item, text) in enumerate(zip(items, texts))]
         results = (pool or self.reward_pool).score(requests)
         failed = [r for r in results if r.error is not None or r.score is None]
         if failed:
