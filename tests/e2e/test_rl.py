@@ -114,7 +114,7 @@ def test_personalized_reward_beats_a_global_one_downstream(ray_cluster, tmp_path
 
     shrunk = [f"train.data.shards={tmp_path / 'shards'}", f"rl_sweep.out={tmp_path / 'sweep'}",
               "world.users=150", "world.cold_start_users=30", "world.reference_samples=600",
-              "train.steps=12", "train.eval_every=12", "train.checkpoint_every=12",
+              "train.steps=24", "train.eval_every=24", "train.checkpoint_every=24",
               "train.warmup_sft_steps=120", "train.data.heldout_prompts=64", "tracking.enabled=false",
               "rl_sweep.arms={gold: {kind: gold}, prior: {kind: world_estimate, estimator: no_history}}",
               "rl_sweep.baseline=prior", "rl_sweep.benchmark_accuracy={}"]
