@@ -204,7 +204,7 @@ class RLController:
         the reference that the KL term and the rollout start from."""
         cfg = self.cfg
         tokenizer = load_tokenizer(resolve_model(cfg.learner.model))
-        pairs = load_warmup_answers(cfg)
+        pairs = load_warmup_answers(cfg, self.recipe.seed)
         order = np.random.default_rng([self.recipe.seed, 17]).permutation(len(pairs))
 
         def batch(step: int) -> list:

@@ -42,12 +42,12 @@ def run_rl_sweep(recipe: Recipe, address: str | None = None, *, on_step: Callabl
     judges = {name: in_shards_world(cfg, train.data.shards) for name, cfg in sweep.arms.items()}
     bench = benchmark_accuracies(judges, sweep.benchmark_accuracy, sweep.benchmark_users)
     rows = sweep_rows(out, list(sweep.arms), sweep.baseline, bench, seed=recipe.seed)
-    column = f"{train.algorithm}_downstream"
-    validity = correlation_report([], {column: {n: r["downstream"] for n, r in rows.items()}}, benchmark=bench)
+    downstream = {f"{train.algorithm}_downstream": {n: r["downstream"] for n, r in rows.items()}}
+    validity = correlation_report([], downstream, benchmark=bench)
     if validity.agreements:
         write_correlation_report(validity, out, title=f"Benchmark validity under {train.algorithm.upper()} "
                                                      f"({len(validity.agreements[0].reward_models)} rewards)")
-    write_json(out / "downstream.json", {column: {n: r["downstream"] for n, r in rows.items()}})  # for --extra
+    write_json(out / "downstream.json", downstream)   # the format of `pr-rlhf report correlation --extra`
     files = write_sweep_report(out, rows, sweep.baseline, f"{recipe.name}: {train.algorithm.upper()} per reward",
                                extra={"validity": validity.as_dict()})
     return {"rows": rows, "validity": validity, "files": files}

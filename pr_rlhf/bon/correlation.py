@@ -88,7 +88,7 @@ def correlation_report(bons: Sequence[Mapping], extra: Mapping[str, Mapping[str,
         bench.update({k: float(v) for k, v in bon["benchmark_accuracy"].items()})
         prefix = f"{labels[i]}/" if labels and len(bons) > 1 else ""
         columns.update({prefix + c: v for c, v in best_of_k_columns(bon).items()})
-    bench.update({k: float(v) for k, v in (benchmark or {}).items() if v is not None})
+    bench.update({k: float(v) for k, v in (benchmark or {}).items()})
     columns.update({c: {k: float(v) for k, v in vals.items()} for c, vals in (extra or {}).items()})
     report = CorrelationReport(bench)
     for column, quality in columns.items():

@@ -118,3 +118,16 @@ class ScalarRMConfig(StrictModel):
     batch_size: int = Field(8, ge=1)
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+def check_benchmark_accuracy(given: Mapping[str, float | str], names: Mapping[str, object], where: str) -> None:
+    """A sweep's ``benchmark_accuracy``: numbers in [0, 1] or result files, naming only reward models of ``where``."""
+    for name, value in given.items():
+        if isinstance(value, float) and not 0.0 <= value <= 1.0:
+            raise ValueError(f"benchmark_accuracy.{name}: {value} is not an accuracy in [0, 1]")
+        if isinstance(value, str) and not (value.endswith(".json") or value.rpartition(":")[0].endswith(".json")):
+            raise ValueError(f"benchmark_accuracy.{name}: {value!r} is neither a number nor "
+                             "'path/result.json[:group]'")
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise ValueError(f"benchmark_accuracy names {where} not in {where}: {unknown}")

@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from pr_rlhf.configs.base import EngineConfig, StrictModel, engine_config
+from pr_rlhf.configs.base import EngineConfig, StrictModel, check_benchmark_accuracy, engine_config
 from pr_rlhf.configs.inherit import Declared, fill_children
 from pr_rlhf.configs.reward import RewardConfig, reward_config
 from pr_rlhf.configs.world import WorldConfig
@@ -68,13 +68,5 @@ class BoNConfig(StrictModel):
             raise ValueError("reward_models is empty: name at least one reward model")
         if self.ks is not None and (min(self.ks) < 1 or max(self.ks) > self.n):
             raise ValueError(f"ks {self.ks} must lie in 1..n={self.n}")
-        for name, value in self.benchmark_accuracy.items():
-            if isinstance(value, float) and not 0.0 <= value <= 1.0:
-                raise ValueError(f"benchmark_accuracy.{name}: {value} is not an accuracy in [0, 1]")
-            if isinstance(value, str) and not (value.endswith(".json") or value.rpartition(":")[0].endswith(".json")):
-                raise ValueError(f"benchmark_accuracy.{name}: {value!r} is neither a number nor "
-                                 "'path/result.json:group'")
-        unknown = sorted(set(self.benchmark_accuracy) - set(self.reward_models))
-        if unknown:
-            raise ValueError(f"benchmark_accuracy names reward models not in reward_models: {unknown}")
+        check_benchmark_accuracy(self.benchmark_accuracy, self.reward_models, "reward_models")
         return self

@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from pr_rlhf.configs.base import EngineConfig, StrictModel, engine_config
+from pr_rlhf.configs.base import EngineConfig, StrictModel, check_benchmark_accuracy, engine_config
 from pr_rlhf.configs.learner import LearnerConfig
 from pr_rlhf.configs.reward import RewardConfig
 from pr_rlhf.configs.world import WorldConfig
@@ -117,10 +117,5 @@ class RLSweepConfig(StrictModel):
     def _check(self) -> RLSweepConfig:
         if self.baseline not in self.arms:
             raise ValueError(f"baseline {self.baseline!r} is not an arm (arms: {sorted(self.arms)})")
-        unknown = sorted(set(self.benchmark_accuracy) - set(self.arms))
-        if unknown:
-            raise ValueError(f"benchmark_accuracy names arms not in arms: {unknown}")
-        for name, value in self.benchmark_accuracy.items():
-            if isinstance(value, float) and not 0.0 <= value <= 1.0:
-                raise ValueError(f"benchmark_accuracy.{name}: {value} is not an accuracy in [0, 1]")
+        check_benchmark_accuracy(self.benchmark_accuracy, self.arms, "arms")
         return self

@@ -53,9 +53,10 @@ def agreement_groups(run_dir: str | Path) -> dict[str, list[int]] | None:
             "disagree": [i for i, u in enumerate(users) if cosine[u] <= 0]}
 
 
-def compare_runs(new: str | Path, old: str | Path, seed: int = 0) -> dict[str, Any]:
+def compare_runs(new: str | Path, old: str | Path, seed: int = 0,
+                 groups: dict[str, list[int]] | None = None) -> dict[str, Any]:
     """Mean over held-out prompts of (new - old), with its CI, on the downstream values or the own rewards; on
-    the synthetic world also per agreement group (``groups``)."""
+    the synthetic world also per agreement group (``groups``; default: :func:`agreement_groups` of ``new``)."""
     a, b = last_eval(new), last_eval(old)
     key = DOWNSTREAM if DOWNSTREAM in a and DOWNSTREAM in b else OWN
     x, y = np.asarray(a[key], dtype=float), np.asarray(b[key], dtype=float)
@@ -63,12 +64,13 @@ def compare_runs(new: str | Path, old: str | Path, seed: int = 0) -> dict[str, A
         raise ValueError(f"{new} and {old} were evaluated on {len(x)} and {len(y)} held-out prompts: not the same "
                          f"prompts")
     gain, low, high = paired_difference_ci(x, y, seed=seed)
-    groups = {}
-    for name, idx in (agreement_groups(new) or {}).items():
+    by_group = {}
+    for name, idx in ((agreement_groups(new) if groups is None else groups) or {}).items():
         if idx:
             g, lo, hi = paired_difference_ci(x[idx], y[idx], seed=seed)
-            groups[name] = {"prompts": len(idx), "new_mean": float(x[idx].mean()), "old_mean": float(y[idx].mean()),
-                            "gain": g, "ci_low": lo, "ci_high": hi}
+            by_group[name] = {"prompts": len(idx), "new_mean": float(x[idx].mean()),
+                              "old_mean": float(y[idx].mean()), "gain": g, "ci_low": lo, "ci_high": hi}
     return {"new": str(new), "old": str(old), "measure": "downstream" if key == DOWNSTREAM else "own reward",
-            "groups": groups, "prompts": len(x), "new_mean": float(x.mean()), "old_mean": float(y.mean()), "gain": gain,
+            "groups": by_group, "prompts": len(x), "new_mean": float(x.mean()), "old_mean": float(y.mean()),
+            "gain": gain,
             "ci_low": low, "ci_high": high, "new_step": a["step"], "old_step": b["step"]}

@@ -77,14 +77,14 @@ def load_prompts(cfg: RLConfig) -> tuple[list[PromptItem], list[PromptItem]]:
     return train, held
 
 
-def load_warmup_answers(cfg: RLConfig) -> list[tuple[PromptItem, str]]:
+def load_warmup_answers(cfg: RLConfig, seed: int = 0) -> list[tuple[PromptItem, str]]:
     """(prompt, answer) pairs from the training users' pairs: both answers of each pair, so a warm start learns
     what answers look like without learning whom they suit; with ``warmup_sft_target='rubric'``
     (:func:`rubric_following_answers`) answers that do what the prompt's aspects ask."""
     reader = ShardReader(cfg.data.shards)
     plans = query_plans(reader, cfg.data)
     if cfg.warmup_sft_target == "rubric":
-        return rubric_following_answers(reader, cfg)
+        return rubric_following_answers(reader, cfg, seed)
     out = []
     for r in reader.iter_rows("pairs", cfg.data.train_split):
         item = make_item(r, cfg.data, plans)
@@ -113,7 +113,7 @@ def batch_at(items: Sequence[T], position: int, count: int, seed: int) -> list[T
     return out
 
 
-def rubric_following_answers(reader: ShardReader, cfg: RLConfig) -> list[tuple[PromptItem, str]]:
+def rubric_following_answers(reader: ShardReader, cfg: RLConfig, seed: int = 0) -> list[tuple[PromptItem, str]]:
     """Two answers per training query of a compact synthetic world, each with every attribute its rubric names set
     as the aspect asks and every other attribute drawn at random (seeded): the answer depends on what the prompt
     shows, never on a preference label, so the warm policy follows instructions without knowing anyone's taste."""
@@ -127,7 +127,7 @@ def rubric_following_answers(reader: ShardReader, cfg: RLConfig) -> list[tuple[P
     wanted = {r["query_id"]: {a["name"]: int(a["wants"]) for a in json.loads(r["meta"])["attributes"]}
               for r in reader.iter_rows("rubrics")}
     names = WorldConfig.model_validate(world).attribute_names   # the world's order, as its answers are rendered
-    rng = np.random.default_rng([cfg.warmup_sft_batch, 23])
+    rng = np.random.default_rng([seed, 23])
     out = []
     for item in load_prompts(cfg)[0]:   # the training prompts: seen users only
         for _ in range(2):

@@ -5,6 +5,7 @@ population-agreement group (:func:`pr_rlhf.rl.compare.compare_runs`), its rise f
 accuracy of its reward (for the validity table, written by the caller)."""
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,16 +14,17 @@ from typing import Any
 import numpy as np
 
 from pr_rlhf.report_files import ReportFiles, new_figure, write_report_files
-from pr_rlhf.rl.compare import DOWNSTREAM, compare_runs, last_eval
+from pr_rlhf.rl.compare import DOWNSTREAM, agreement_groups, compare_runs
 from pr_rlhf.stats import mean_ci, paired_difference_ci
 
 
-def arm_row(run_dir: Path, baseline_dir: Path, seed: int = 0) -> dict[str, Any]:
-    """One arm's downstream mean [CI], rise since step 0 and paired difference from the baseline."""
-    import json
-
+def arm_row(run_dir: Path, baseline_dir: Path, groups: dict[str, list[int]] | None, seed: int = 0) -> dict[str, Any]:
+    """One arm's downstream mean [CI], rise since step 0 and paired difference from the baseline (per agreement
+    group: ``groups``, the same held-out prompts for every arm)."""
     evals = json.loads((run_dir / "history.json").read_text())["evals"]
-    first, last = evals[0], last_eval(run_dir)
+    if not evals:
+        raise KeyError(f"{run_dir}/history.json: no held-out evaluation")
+    first, last = evals[0], evals[-1]
     if DOWNSTREAM not in last:
         raise KeyError(f"{run_dir}/history.json: no downstream values (the sweep needs train.downstream)")
     values = np.asarray(last[DOWNSTREAM], dtype=float)
@@ -32,13 +34,14 @@ def arm_row(run_dir: Path, baseline_dir: Path, seed: int = 0) -> dict[str, Any]:
                            "downstream": float(values.mean()), "ci_low": low, "ci_high": high,
                            "rise": {"gain": rise, "ci_low": rise_low, "ci_high": rise_high}}
     if run_dir != baseline_dir:
-        row["vs_baseline"] = compare_runs(run_dir, baseline_dir, seed)
+        row["vs_baseline"] = compare_runs(run_dir, baseline_dir, seed, groups=groups or {})
     return row
 
 
 def sweep_rows(out: Path, arms: list[str], baseline: str, benchmark: Mapping[str, float],
                seed: int = 0) -> dict[str, dict[str, Any]]:
-    rows = {name: arm_row(out / name, out / baseline, seed) for name in arms}
+    groups = agreement_groups(out / baseline)   # one world build for the whole sweep
+    rows = {name: arm_row(out / name, out / baseline, groups, seed) for name in arms}
     for name, row in rows.items():
         row["benchmark_accuracy"] = benchmark.get(name)
     return rows
@@ -58,7 +61,7 @@ def _plot(rows: Mapping[str, dict], baseline: str) -> Any:
                     [rows[n]["ci_high"] - rows[n]["downstream"] for n in names]])
     left.barh(y, means, xerr=err, color="tab:blue", alpha=0.8)
     left.set_yticks(y, names)
-    left.set_xlabel("downstream (held-out users' gold utility)")
+    left.set_xlabel("downstream (train.downstream on held-out users)")
     left.invert_yaxis()
     others = [n for n in names if n != baseline]
     width = 0.38
@@ -83,7 +86,8 @@ def write_sweep_report(out: Path, rows: Mapping[str, dict], baseline: str, title
     """sweep.md / sweep.json / sweep.png in ``out``."""
     any_row = next(iter(rows.values()))
     lines = [f"## {title}", "",
-             f"Downstream = the held-out users' own gold utility of the policy's answers at the last evaluation (step "
+             f"Downstream = the downstream judge's score (`train.downstream`) of the policy's answers to held-out "
+             f"users at the last evaluation (step "
              f"{any_row['step']}), mean over {any_row['prompts']} held-out prompts [95% bootstrap CI]; gains are "
              f"paired over the same prompts against `{baseline}`; users who agree / disagree: cosine of their "
              "weights with the population's preference above / at most 0.", "",

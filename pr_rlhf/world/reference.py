@@ -223,9 +223,9 @@ def population_agreement(world: World, user_ids: list[str] | None = None) -> dic
     the ``no_history`` predictor scores with): above 0 the user shares the population's taste, below 0 a reward
     that ignores who asks pushes the policy away from what this user wants."""
     population = WorldPrior.of(world).samples.mean(axis=0)
-    norm = float(np.linalg.norm(population))
     out = {}
     for uid in user_ids if user_ids is not None else [u.user_id for u in world.users]:
         w = world.user(uid).weights.astype(np.float64)
-        out[uid] = float(w @ population / (np.linalg.norm(w) * norm)) if norm > 0 and np.linalg.norm(w) > 0 else 0.0
+        norms = float(np.linalg.norm(w) * np.linalg.norm(population))
+        out[uid] = float(w @ population) / norms if norms > 0 else 0.0
     return out
