@@ -203,6 +203,8 @@ def run_eval_stage(recipe: Recipe):
     except (EvalError, ShardError) as exc:
         _fail(str(exc))
     print_eval_table(result.report.summaries, title=f"{recipe.name}: {result.n_pairs} pairs")
+    if result.model_rows:
+        print_models_table(result.model_rows, recipe.eval.label, title=f"{recipe.name}: every model, same pairs")
     console.print(f"[green]wrote[/] {', '.join(str(p) for p in result.report.paths)} (full table: "
                   f"{result.report.markdown})")
     return result
@@ -218,6 +220,21 @@ def print_eval_table(summaries: dict, title: str) -> None:
         bias = "-" if s.get("position_bias") is None else f"{100 * s['position_bias']:.1f}"
         table.add_row(group, str(s["n"]), f"{100 * s['accuracy']:.1f} [{100 * s['ci_low']:.1f}, "
                       f"{100 * s['ci_high']:.1f}]", str(s["ties"]), str(s["failures"]), bias)
+    console.print(table)
+
+
+def print_models_table(rows: list[dict], floor: str, title: str) -> None:
+    """eval.models' cells beside the section's own (pr_rlhf.eval.models.model_rows)."""
+    from pr_rlhf.eval.report import fmt_paired_gain
+
+    table = Table(title=title)
+    for col, justify in (("model", "left"), ("mode/inputs", "left"), ("n", "right"),
+                         ("accuracy [95% CI]", "right"), ("unparsed", "right"), (f"vs {floor}, paired", "right")):
+        table.add_column(col, justify=justify)
+    for r in rows:
+        s = r["summary"]
+        table.add_row(r["model"], r["cell"], str(s["n"]), f"{100 * s['accuracy']:.1f} [{100 * s['ci_low']:.1f}, "
+                      f"{100 * s['ci_high']:.1f}]", str(s["failures"]), fmt_paired_gain(r.get("vs_floor")))
     console.print(table)
 
 

@@ -31,7 +31,7 @@ def quickstart_recipe(recipe: Path, out: Path, overrides: list[str]) -> Recipe:
     source = recipe if recipe.exists() else None
     resolved = load_recipe(source, placed + overrides)
     # place every later stage that the recipe has under out (placing one it lacks would conjure a default)
-    world_shards = out / "world"   # the shipped P-GenRM's world: scaling and Best-of-N
+    world_shards = out / "data"   # the shipped models' world: evaluation, scaling and Best-of-N
     later = {"train": [f"train.out={q(out / 'rl')}", f"train.data.shards={q(out / 'rl_world')}"],
              "pgenrm": [f"pgenrm.out={q(out / 'pgenrm')}", f"pgenrm.shards={q(out / 'pgenrm' / 'data')}"],
              "scaling": [f"scaling.out={q(out / 'scaling')}", f"scaling.shards={q(world_shards)}"],
@@ -102,8 +102,8 @@ def run_quickstart(recipe: Recipe, out: Path, run: StageRunners) -> QuickstartSu
             run.rule(f"[bold]pr-rlhf quickstart[/] -> {out}")
             stage("data: the synthetic persona world -> Arrow shards", "data",
                   lambda: f"{run.data(recipe).out_dir}")
-            stage("reward models on held-out pairs (base models: untrained, expect ~50% or parse failures)",
-                  "evaluation (untrained floor)", lambda: f"{run.eval(recipe).run_dir}/report.md")
+            stage("reward models on held-out pairs: the untrained floor (~50% or parse failures), then the shipped "
+                  "trained models", "evaluation", lambda: _eval_result(run.eval(recipe)))
             if recipe.pgenrm is not None:
                 stage("P-GenRM: PSI from scratch on a small world, briefly (the RL stages are `pr-rlhf pgenrm`'s)",
                       "P-GenRM PSI (brief)", lambda: _pgenrm_result(recipe, run))
@@ -121,7 +121,7 @@ def run_quickstart(recipe: Recipe, out: Path, run: StageRunners) -> QuickstartSu
         summary.peak_rss_gb = memory.peak_gb
         (out / "summary.json").write_text(json.dumps(summary.as_dict(), indent=1))
         tracker.log_metrics({"quickstart/minutes": summary.minutes, "quickstart/peak_rss_gb": summary.peak_rss_gb,
-                             # 'evaluation (untrained floor)' -> quickstart/minutes/evaluation (the tracker sanitizes)
+                             # 'P-GenRM PSI (brief)' -> quickstart/minutes/p-genrm psi (the tracker sanitizes)
                              **{f"quickstart/minutes/{s.stage.split(' (')[0].lower()}": s.seconds / 60
                                 for s in summary.stages}})
         tracker.log_artifact(out / "summary.json")
@@ -144,6 +144,18 @@ def _pgenrm_result(recipe: Recipe, run: StageRunners) -> str:
     return (f"{cfg.stages[-1]} after {cfg.psi.steps} PSI steps: seen {accuracy_with_misses(seen)} "
             f"[{100 * seen['ci_low']:.1f}, {100 * seen['ci_high']:.1f}]{before}, cold "
             f"{accuracy_with_misses(last['cold']['summary'])}")
+
+
+def _eval_result(result: Any) -> str:
+    """Each trained model's cells with the paired gain over the untrained floor, else the report's path."""
+    from pr_rlhf.eval.report import fmt_paired_gain
+
+    trained = [r for r in result.model_rows if "vs_floor" in r]
+    if not trained:
+        return f"{result.run_dir}/report.md"
+    floor = result.model_rows[0]["model"]
+    return "; ".join(f"{r['model']} {r['cell']} {100 * r['summary']['accuracy']:.1f}% "
+                     f"({fmt_paired_gain(r['vs_floor'])} over {floor})" for r in trained)
 
 
 def _bon_result(report: dict) -> str:

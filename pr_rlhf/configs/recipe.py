@@ -97,6 +97,36 @@ class EvalConfig(StrictModel):
     planner: EngineConfig | None = Field(None, description="defaults to the judge's engine")
     scalar_rm: ScalarRMConfig = Field(default_factory=ScalarRMConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    label: str = Field("base", description="the section's own models' name beside `models`")
+    models: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="named models evaluated on the same pairs besides this section's own, "
+        "each as the fields of this section it changes (e.g. {modes: [pointwise], inputs: [profile], scalar_rm: "
+        "{model: PATH}}); the report compares each of their cells with this section's cell of the same "
+        "(mode, inputs), paired over pairs")
+
+    # what picks the evaluated pairs and where results go: a named model shares the section's
+    SHARED_FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {"shards", "split", "subsets", "max_pairs", "users", "n_bootstrap", "out", "label", "models"})
+
+    @model_validator(mode="after")
+    def _models_are_valid_sections(self) -> EvalConfig:
+        for name in self.models:
+            self.model_config_for(name)
+        return self
+
+    def model_config_for(self, name: str) -> EvalConfig:
+        """The section as named model ``name`` changes it (its run directory ``<out>/models/<name>``)."""
+        changes = self.models[name]
+        fixed = sorted(set(changes) & self.SHARED_FIELDS)
+        if fixed:
+            raise ValueError(f"models.{name}: {fixed} pick the evaluated pairs or the output; a named model "
+                             "shares the section's")
+        base = self.model_dump(exclude={"models", "label"})
+        try:
+            return EvalConfig.model_validate({**base, **changes, "out": str(Path(self.out) / "models" / name)})
+        except ValidationError as exc:
+            raise ValueError("; ".join(f"models.{name}.{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                       for e in exc.errors())) from None
 
 
 class TrackingConfig(StrictModel):

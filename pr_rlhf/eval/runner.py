@@ -35,6 +35,8 @@ class EvalResult:
     n_pairs: int
     plan_failures: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
+    models: dict[str, EvalResult] = field(default_factory=dict)   # eval.models', each in <run_dir>/models/<name>
+    model_rows: list[dict] = field(default_factory=list)           # pr_rlhf.eval.models.model_rows
 
 
 def load_eval_inputs(cfg: EvalConfig, seed: int) -> list[RMInput]:
@@ -189,4 +191,23 @@ def run_eval(recipe: Recipe, on_stage=lambda _s: None) -> EvalResult:
             tracker.log_artifact(path)
     (run_dir / "run.json").write_text(json.dumps({"n_pairs": len(inputs), "plan_failures": plan_failures,
                                                   "seconds": seconds}, indent=2))
-    return EvalResult(run_dir, report, len(inputs), plan_failures, seconds)
+    result = EvalResult(run_dir, report, len(inputs), plan_failures, seconds)
+    if cfg.models:
+        _run_named_models(recipe, result, on_stage)
+    return result
+
+
+def _run_named_models(recipe: Recipe, result: EvalResult, on_stage) -> None:
+    """Each of ``eval.models`` on the section's pairs, then ``models.md|json`` beside the section's report."""
+    from pr_rlhf.eval.models import model_rows, write_models_report
+
+    cfg = recipe.eval
+    for name in cfg.models:
+        on_stage(f"model {name}")
+        named = recipe.model_copy(update={"name": f"{recipe.name}/{name}", "eval": cfg.model_config_for(name)})
+        result.models[name] = run_eval(named, on_stage)
+    floor = cfg.label
+    result.model_rows = model_rows(floor, result.report, {n: r.report for n, r in result.models.items()},
+                                   recipe.seed)
+    result.report.paths.extend(write_models_report(result.run_dir, result.model_rows, floor,
+                                                   f"{recipe.name}: {result.n_pairs} pairs, every model"))

@@ -116,8 +116,7 @@ def test_quickstart_runs_every_stage(tmp_path):
     """The README's full tour (the main job plus scaling and Best-of-N), shrunk: shards, every evaluation cell,
     the brief PSI, scaling, Best-of-N, then the GRPO stage on its own world."""
     out = tmp_path / "qs"
-    world = [f"{section}.world.{key}" for section in ("pgenrm", "scaling", "bon")
-             for key in ("users=12", "cold_start_users=4", "reference_samples=300")]
+    world = [f"pgenrm.world.{key}" for key in ("users=12", "cold_start_users=4", "reference_samples=300")]
     sets = [*SMALL_WORLD, "eval.max_pairs=6", "data.retrieval.embedder=bm25", "train.steps=2",
             "train.eval_every=2", "train.warmup_sft_steps=2", "train.data.heldout_prompts=4", "train.eval_samples=2",
             *world, "pgenrm.psi.steps=2", "pgenrm.eval.seen_pairs=4", "pgenrm.eval.cold_pairs=4",
@@ -125,7 +124,8 @@ def test_quickstart_runs_every_stage(tmp_path):
             "scaling.points=[[0,0],[2,2]]", "scaling.seen_pairs=4", "scaling.cold_pairs=4",
             "scaling.scaling.prototypes.k=2", "scaling.scaling.prototypes.candidate_ks=[2]",
             "scaling.scaling.prototypes.refine_steps=2", "bon.policy.model=tiny", "bon.prompts=2", "bon.n=4",
-            "bon.max_tokens=8", "bon.reward_models.pgenrm_shipped.generation.max_tokens=24"]
+            "bon.max_tokens=8", "bon.reward_models.pgenrm_shipped.generation.max_tokens=24",
+            "eval.models.pgenrm.generation.max_tokens=24"]
     done = run_cli("quickstart", "--out", str(out), "--recipe", str(ROOT / "recipes" / "quickstart_full.yaml"),
                    *[a for s in sets for a in ("--set", s)], hang_timeout_s=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
