@@ -230,7 +230,7 @@ def print_models_table(rows: list[dict], floor: str, title: str) -> None:
     table = Table(title=title)
     for col, justify in (("model", "left"), ("mode/inputs", "left"), ("n", "right"),
                          ("accuracy [95% CI]", "right"), ("unparsed", "right"), (f"vs {floor}, paired", "right")):
-        table.add_column(col, justify=justify)
+        table.add_column(col, justify=justify, no_wrap=col in ("model", "mode/inputs"))
     for r in rows:
         s = r["summary"]
         table.add_row(r["model"], r["cell"], str(s["n"]), f"{100 * s['accuracy']:.1f} [{100 * s['ci_low']:.1f}, "

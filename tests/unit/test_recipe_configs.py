@@ -50,6 +50,9 @@ ADDED_PGENRM_FIELDS = {"teacher": "votes", "label_filter": True, "hard_kind": "o
 ADDED_ROOT_SECTIONS = {("rm",), ("train", "downstream"), ("rl_sweep",)}
 ADDED_TRAIN_FIELDS = {"warmup_sft_target": "answers"}
 ADDED_LEARNER_FIELDS = {"trains": "policy"}
+# The evaluation's named models (none: only the section's own, as before) and the section's name beside them; the
+# quickstart recipes, which use them, were re-dumped into the baseline.
+ADDED_EVAL_FIELDS = {"models": {}, "label": "base"}
 
 
 def union_members(union: Any) -> set[type[BaseModel]]:
@@ -125,6 +128,9 @@ def test_every_recipe_resolves_to_its_effective_settings_before(name):
             continue
         if path[:1] == ("train",) and len(path) == 2 and path[-1] in ADDED_TRAIN_FIELDS:
             assert now_leaves[path] == ADDED_TRAIN_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"
+            continue
+        if path[:1] == ("eval",) and len(path) == 2 and path[-1] in ADDED_EVAL_FIELDS:
+            assert now_leaves[path] == ADDED_EVAL_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"
             continue
         if path[-2:-1] == ("learner",) and path[-1] in ADDED_LEARNER_FIELDS:
             assert now_leaves[path] == ADDED_LEARNER_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"
