@@ -144,10 +144,16 @@ def test_quickstart_runs_every_stage(tmp_path):
     assert not list(out.rglob("*/mlflow.db")), "a stage wrote its own mlflow store"
     for stage in ("base", "psi"):
         assert (out / "pgenrm" / stage / "COMPLETE").is_file(), stage
-    assert "psi after 2 PSI steps" in done.stdout and "base on the same pairs" in done.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    results = {s["stage"]: s["result"] for s in summary["stages"]}
+    assert "psi after 2 PSI steps" in results["P-GenRM PSI (brief)"]
+    assert "base on the same pairs" in results["P-GenRM PSI (brief)"]
+    # the shipped trained models beside the untrained floor, each with its paired gain
+    assert all(f"{name} " in results["evaluation"] and "over untrained" in results["evaluation"]
+               for name in ("bt_rm_none", "bt_rm_profile", "pgenrm"))
+    assert (out / "eval" / "models.md").is_file() and (out / "eval" / "models" / "pgenrm" / "report.md").is_file()
     assert (out / "scaling" / "scaling_grid.md").is_file() and (out / "scaling" / "scaling_grid.png").is_file()
     assert (out / "bon" / "bon.json").is_file() and (out / "bon" / "correlation.md").is_file()
-    summary = json.loads((out / "summary.json").read_text())
     assert [s["stage"] for s in summary["stages"]][-1] == "GRPO" and summary["peak_rss_gb"] > 0
     assert "quickstart summary" in done.stdout
 
