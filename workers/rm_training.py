@@ -163,7 +163,7 @@ def run_train_rm(recipe: Recipe, address: str | None = None, *, on_step: StepCal
     """The recipe's world built into its shards when absent, Ray joined at ``address`` (else a local Ray), every
     mode's RM trained and evaluated, then the report. Returns (results per mode, report rows, report files)."""
     from pr_rlhf.eval.runner import shard_references
-    from pr_rlhf.rm.report import write_rm_report
+    from pr_rlhf.rm.report import user_groups, write_rm_report
     from workers.ray_utils import start_driver
 
     cfg = recipe.rm
@@ -172,6 +172,8 @@ def run_train_rm(recipe: Recipe, address: str | None = None, *, on_step: StepCal
     start_driver(address, cfg.learner.world_size * cfg.learner.num_cpus_per_worker + 1, shards=cfg.shards,
                  world=cfg.world, log=log)
     results = RMTrainer(recipe, on_step=on_step, log=log).run()
+    groups = user_groups(cfg.shards, next(iter(results.values()))["predictions"]) if results else {}
     rows, files = write_rm_report(cfg.out, results, shard_references(cfg.shards),
-                                  title=f"{recipe.name}: Bradley-Terry reward models", seed=recipe.seed)
+                                  title=f"{recipe.name}: Bradley-Terry reward models", seed=recipe.seed,
+                                  groups=groups)
     return results, rows, files

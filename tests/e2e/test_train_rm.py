@@ -36,6 +36,9 @@ def test_train_rm_trains_exports_evaluates_reports_and_resumes(tmp_path):
     rows = {r["mode"]: r for r in report["rows"]}
     assert set(rows) == {"none", "profile"} and rows["none"]["n"] == rows["profile"]["n"] == 12 * 3 + 4 * 2
     assert rows["profile"]["vs_none"]["pairs"] == rows["none"]["n"] and "vs_none" not in rows["none"]
+    groups = rows["profile"]["groups"]   # seen and cold-start users apart, from the shards' profiles
+    assert groups["seen"]["n"] == 12 * 3 and groups["cold-start"]["n"] == 4 * 2
+    assert groups["cold-start"]["vs_none"]["pairs"] == 4 * 2
     assert "world no_history" in report["references"] and (out / "report.png").is_file()
     for mode in rows:
         assert is_complete(out / mode / "model") and is_complete(out / mode / "eval")
