@@ -204,6 +204,10 @@ class ShardReader:
         batches = list(self.iter_batches(table, split))
         return pa.Table.from_batches(batches, schema=arrow_schema(table))
 
+    def cold_start_users(self) -> set[tuple[str, str]]:
+        """(user_id, subset) of the users the profiles table flags as cold-start (held out of every training)."""
+        return {(r["user_id"], r["subset"]) for r in self.iter_rows("profiles") if r.get("cold_start")}
+
     def count(self, table: str, split: str | None = None) -> int:
         return sum(f["rows"] for f in self.manifest["files"]
                    if f["table"] == table and (split is None or f["split"] == split))

@@ -11,22 +11,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
-from pr_rlhf.eval.metrics import group_key
-from pr_rlhf.eval.report import fmt_accuracy_ci, fmt_paired_gain, paired_gain
+from pr_rlhf.eval.report import correct_by_cell, fmt_accuracy_ci, fmt_paired_gain, paired_gain
 from pr_rlhf.files import atomic_write_text
 
 MODELS_JSON = "models.json"
 MODELS_MARKDOWN = "models.md"
-
-
-def correct_by_cell(predictions: str | Path) -> dict[str, dict[str, float]]:
-    """(mode/inputs) -> pair id -> 1.0 / 0.0 from an eval's predictions parquet (a pair's last verdict)."""
-    cells: dict[str, dict[str, float]] = {}
-    for r in pq.read_table(predictions, columns=["mode", "inputs", "pair_id", "correct"]).to_pylist():
-        cells.setdefault(group_key(r["mode"], r["inputs"]), {})[r["pair_id"]] = float(r["correct"])
-    return cells
 
 
 def model_rows(floor_name: str, floor: Any, models: Mapping[str, Any], seed: int) -> list[dict]:

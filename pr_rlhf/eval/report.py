@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pr_rlhf.eval.metrics import Prediction, flatten_summary, summarize_groups
+from pr_rlhf.eval.metrics import Prediction, flatten_summary, group_key, summarize_groups
 from pr_rlhf.files import atomic_write, atomic_write_text
 from pr_rlhf.report_files import new_figure, save_figure, write_json
 from pr_rlhf.stats import paired_difference_ci
@@ -73,8 +73,17 @@ def read_predictions(path: str | Path) -> list[Prediction]:
     return [Prediction.from_dict(row) for row in pq.read_table(path).to_pylist()]
 
 
-def correct_by_pair(predictions: str) -> dict[str, float]:
-    """pair id -> 1.0 / 0.0 from an eval's predictions parquet (one verdict per pair)."""
+def correct_by_cell(predictions: str | Path) -> dict[str, dict[str, float]]:
+    """(mode/inputs) -> pair id -> 1.0 / 0.0 from an eval's predictions parquet (a pair's last verdict)."""
+    cells: dict[str, dict[str, float]] = {}
+    for r in pq.read_table(predictions, columns=["mode", "inputs", "pair_id", "correct"]).to_pylist():
+        cells.setdefault(group_key(r["mode"], r["inputs"]), {})[r["pair_id"]] = float(r["correct"])
+    return cells
+
+
+def correct_by_pair(predictions: str | Path) -> dict[str, float]:
+    """pair id -> 1.0 / 0.0 from an eval's predictions parquet of one cell (one verdict per pair);
+    :func:`correct_by_cell` for a file of several cells."""
     return {r["pair_id"]: float(r["correct"]) for r in pq.read_table(predictions, columns=["pair_id", "correct"])
             .to_pylist()}
 

@@ -34,7 +34,7 @@ def training_pairs(shards: str, split: str) -> TrainingPairs:
     if split not in reader.splits("pairs"):
         raise TrainingDataError(f"{shards}: no pairs in split {split!r} (splits: {reader.splits('pairs')})")
     profiles = {(r["user_id"], r["subset"]): r for r in reader.iter_rows("profiles")}
-    cold = {key for key, row in profiles.items() if row.get("cold_start")}
+    cold = reader.cold_start_users()
     rows = [r for r in reader.iter_rows("pairs", split) if (r["user_id"], r["subset"]) not in cold]
     if not rows:
         raise TrainingDataError(f"{shards}: no {split} pairs of seen users to train on")

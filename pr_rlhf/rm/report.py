@@ -30,12 +30,12 @@ BASELINE = "none"
 def user_groups(shards: str | Path, predictions: str | Path) -> dict[str, set[str]]:
     """"seen" / "cold-start" -> the evaluated pair ids of those users (the shards' profiles say who is which);
     empty when the shards mark no cold-start users."""
-    cold = {(r["subset"], r["user_id"]) for r in ShardReader(shards).iter_rows("profiles") if r.get("cold_start")}
+    cold = ShardReader(shards).cold_start_users()
     if not cold:
         return {}
     groups: dict[str, set[str]] = {"seen": set(), "cold-start": set()}
     for r in pq.read_table(predictions, columns=["pair_id", "user_id", "subset"]).to_pylist():
-        groups["cold-start" if (r["subset"], r["user_id"]) in cold else "seen"].add(r["pair_id"])
+        groups["cold-start" if (r["user_id"], r["subset"]) in cold else "seen"].add(r["pair_id"])
     return {name: ids for name, ids in groups.items() if ids}
 
 

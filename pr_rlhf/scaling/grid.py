@@ -40,7 +40,7 @@ def member_histories(shards: str, history_pairs: int) -> tuple[dict[str, list[di
     """Seen (non-cold-start) users: their first ``history_pairs`` train pairs as history triples, and one input
     per user (their next train pair with that history) whose chain's persona places them among the prototypes."""
     reader = ShardReader(shards)
-    cold = {r["user_id"] for r in reader.iter_rows("profiles") if r.get("cold_start")}
+    cold = {user for user, _subset in reader.cold_start_users()}
     train = list(reader.iter_rows("pairs", "train"))
     by_user = history_rows_by_user(reader.iter_rows("histories"), train)
     histories: dict[str, list[dict]] = {}

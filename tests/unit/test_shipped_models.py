@@ -43,6 +43,8 @@ def test_shipped_files_match_their_recorded_hashes(shipped):
         summary = block["summary"]
         assert summary["n"] > 0 and summary["n_correct"] / summary["n"] == summary["accuracy"]
         assert round(summary["accuracy"], 4) == manifest["accuracy"][group]
+        assert summary["ci_low"] <= summary["accuracy"] <= summary["ci_high"]
+        assert 0.5 < summary["accuracy"] <= 1.0, f"{group}: a shipped model no better than chance"
 
 
 @pytest.mark.parametrize("shipped", SHIPPED, ids=lambda p: p.name)
