@@ -34,7 +34,7 @@ def load_bon_prompts(cfg: BoNConfig, seed: int) -> list[tuple[PromptItem, dict]]
     models and judges may see: the query's retrieved profile posts, the user's first ``history_pairs`` train pairs
     as (question, chosen, rejected) triples, and the query's rubric aspects and narrative for a rubric judge)."""
     from pr_rlhf.configs.rl import RLDataConfig
-    from pr_rlhf.reward.inputs import history_rows_by_user
+    from pr_rlhf.rl.prompts import user_histories
 
     reader = ShardReader(cfg.shards)
     cold = {(r["user_id"], r["subset"]) for r in reader.iter_rows("profiles") if r.get("cold_start")}
@@ -46,16 +46,13 @@ def load_bon_prompts(cfg: BoNConfig, seed: int) -> list[tuple[PromptItem, dict]]
         raise ValueError(f"{cfg.shards}: no {cfg.prompts_from} queries for the sweep")
     keep = np.sort(np.random.default_rng(seed).permutation(len(rows))[:cfg.prompts])
     rubrics = {r["query_id"]: r for r in reader.iter_rows("rubrics")}
-    histories = history_rows_by_user(reader.iter_rows("histories"), reader.iter_rows("pairs", "train")) \
-        if cfg.history_pairs > 0 and "train" in reader.splits("pairs") else {}
+    histories = user_histories(reader, cfg.history_pairs)
     data = RLDataConfig(shards=cfg.shards, profile_top_k=cfg.profile_top_k)
     out = []
     for i in keep:
         row = rows[i]
-        past = histories.get((row["user_id"], row["subset"]), [])[:cfg.history_pairs]
         seen = {"retrieved": [dict(x) for x in row.get("retrieved") or []],
-                "history": [{"question": str(p["question"]), "chosen": str(p["chosen"]),
-                             "rejected": str(p["rejected"])} for p in past],
+                "history": [dict(t) for t in histories.get((row["user_id"], row["subset"]), ())],
                 "rubric": [dict(a) for a in (rubrics.get(row["query_id"]) or {}).get("aspects") or []],
                 "narrative": str((rubrics.get(row["query_id"]) or {}).get("narrative") or "")}
         out.append((make_item(row, data, {}), seen))

@@ -147,23 +147,44 @@ class RLController:
     def _sync_weights(self, version: int) -> None:
         sync_weights(self.learner, self.rollouts, version)
 
-    def _score(self, items: list[PromptItem], texts: list[str], tag: str, pool: Any = None) -> np.ndarray:
+    def _score(self, items: list[PromptItem], gens: list[Generation], tag: str,
+               pool: Any = None) -> tuple[np.ndarray, int]:
+        """Every sample's reward (prompt by prompt, samples in order) and how many could not be scored.
+
+        A reward that compares with a reference (the P-GenRM's chain) judges each sample against its prompt's
+        first sample: with an exact chain the score is an offset plus the utility difference, and GRPO's group
+        baseline removes the offset, so which sample is the reference does not change the advantages."""
         from pr_rlhf.scorers import RewardRequest
 
-        requests = [RewardRequest(request_id=f"{tag}/{i}", user_id=item.user_id, question=item.question,
-                                  response=text, meta=item.reward_meta())
-                    for i, (item, text) in enumerate(zip(items, texts))]
+        compares = pool is None and getattr(self.reward_config(), "compares_with_reference", False)
+        requests, group = [], []
+        for g_index, (item, gen) in enumerate(zip(items, gens)):
+            for sample in gen.samples:
+                meta = item.reward_meta()
+                if compares:
+                    meta["reference"] = gen.samples[0].text
+                requests.append(RewardRequest(request_id=f"{tag}/{len(requests)}", user_id=item.user_id,
+                                              question=item.question, response=sample.text, meta=meta))
+                group.append(g_index)
         results = (pool or self.reward_pool).score(requests)
-        failed = [r for r in results if r.error is not None or r.score is None]
-        if failed:
+        failed = np.array([r.error is not None or r.score is None for r in results], dtype=bool)
+        if failed.any() and self.cfg.reward_failures == "raise":
             # A reward that could not be computed is not a zero reward: the step stops with a clear error.
-            raise RuntimeError(f"{len(failed)} of {len(results)} rewards failed, e.g. {failed[0].error}")
-        return np.array([r.score for r in results], dtype=np.float64)
+            first = next(r for r, f in zip(results, failed) if f)
+            raise RuntimeError(f"{int(failed.sum())} of {len(results)} rewards failed, e.g. {first.error} "
+                               f"(train.reward_failures: neutral gives them their prompt's mean reward)")
+        rewards = np.array([0.0 if f else r.score for r, f in zip(results, failed)], dtype=np.float64)
+        group_ids = np.array(group)
+        for g in np.unique(group_ids[failed]):
+            members = group_ids == g
+            scored = members & ~failed
+            rewards[members & failed] = rewards[scored].mean() if scored.any() else 0.0
+        return rewards, int(failed.sum())
 
     def _pool_rewards(self, items: list[PromptItem], gens: list[Generation], tag: str) -> tuple[np.ndarray, dict]:
         """The reward pool's score of every sample (the RL step's reward function)."""
-        flat_items = [item for item, g in zip(items, gens) for _ in g.samples]
-        return self._score(flat_items, [s.text for g in gens for s in g.samples], tag), {}
+        rewards, failed = self._score(items, gens, tag)
+        return rewards, {"reward/failed": float(failed)}
 
     def evaluate(self, step: int) -> dict:
         """Mean reward of sampled answers to held-out users' prompts (seeded: comparable across steps)."""
@@ -171,22 +192,20 @@ class RLController:
         params = SamplingParams(n=self.cfg.eval_samples, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                                 max_tokens=self.cfg.max_tokens, seed=self.recipe.seed + 7_777)
         gens = generate_sharded(self.rollouts, [p.messages for p in items], params)
-        flat_items = [item for item, g in zip(items, gens) for _ in g.samples]
-        texts = [s.text for g in gens for s in g.samples]
         index = np.array([i for i, g in enumerate(gens) for _ in g.samples])
-        clusters = [item.prompt_id for item in flat_items]   # a prompt's samples are not independent
+        clusters = [items[i].prompt_id for i in index]   # a prompt's samples are not independent
 
         def per_prompt(values: np.ndarray) -> list[float]:
             return (np.bincount(index, weights=values, minlength=len(items))
                     / np.maximum(np.bincount(index, minlength=len(items)), 1)).tolist()
 
-        rewards = self._score(flat_items, texts, f"eval{step}")
+        rewards, failed = self._score(items, gens, f"eval{step}")
         low, high = mean_ci(rewards, seed=step, clusters=clusters)
         out = {"step": step, "eval/heldout_reward_mean": float(rewards.mean()),
-               "eval/heldout_reward_std": float(rewards.std()),
+               "eval/heldout_reward_std": float(rewards.std()), "eval/heldout_reward_failed": float(failed),
                "eval/heldout_reward_ci_low": low, "eval/heldout_reward_ci_high": high, PER_PROMPT: per_prompt(rewards)}
         if self.downstream_pool is not None:
-            down = self._score(flat_items, texts, f"downstream{step}", self.downstream_pool)
+            down, _ = self._score(items, gens, f"downstream{step}", self.downstream_pool)
             low, high = mean_ci(down, seed=step, clusters=clusters)
             out.update({"eval/downstream_mean": float(down.mean()), "eval/downstream_ci_low": low,
                         "eval/downstream_ci_high": high, PER_PROMPT_DOWNSTREAM: per_prompt(down)})

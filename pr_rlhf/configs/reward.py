@@ -143,6 +143,11 @@ class GenRMRewardConfig(ModelRewardBase):
     sec_format: Literal["sec", "sec_compact"] = Field("sec", description="sec_reference: the full P-GenRM prompt, "
                                                       "or the compact history-only one of a tiny GenRM")
 
+    @property
+    def compares_with_reference(self) -> bool:
+        """The chain judges each response against a reference answer (meta['reference'])."""
+        return self.genrm_mode == "sec_reference"
+
     def inherited_fields(self) -> tuple[str, ...]:
         """The world only where the judge reads it (the compact view)."""
         return ("seed", "world") if self.response_view == "world_compact" else ("seed",)

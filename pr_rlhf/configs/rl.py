@@ -31,6 +31,12 @@ class RLDataConfig(StrictModel):
     plan: Literal["none", "rubrics"] = Field(
         "none", description="aspects shown in the policy prompt: none, or the shards' rubric of each query (the "
                             "synthetic world's gold rubric; PRB / LaMP-QA rubrics on real data)")
+    plan_max_aspects: int | None = Field(
+        None, ge=1, description="show only the first k aspects of each rubric (most important first), so that what "
+                                "the policy is not told is left for the reward to teach; None: all")
+    history_pairs: int = Field(
+        0, ge=0, description="the user's first k train pairs sent with every reward request, for reward models "
+                             "that read a history (the P-GenRM's evaluation chain); the policy never sees them")
 
 
 class RLConfig(StrictModel):
@@ -46,6 +52,10 @@ class RLConfig(StrictModel):
     max_tokens: int = Field(32, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
+    reward_failures: Literal["raise", "neutral"] = Field(
+        "raise", description="a sample the reward model could not score (e.g. a GenRM chain that does not parse): "
+                             "'raise' stops the step with the error; 'neutral' gives it the mean reward of its "
+                             "prompt's scored samples (advantage 0 under GRPO; counted as reward/failed)")
     warmup_sft_steps: int = Field(0, ge=0, description="supervised warm start before RL: steps of next-token "
                                                        "training on the shards' answers (chosen and rejected "
                                                        "alike, so the policy learns the answer space, not the "

@@ -15,7 +15,7 @@ import numpy as np
 
 from pr_rlhf.configs.rl import RLConfig, RLDataConfig
 from pr_rlhf.models.prompting import encode_continuation, encode_prompt
-from pr_rlhf.reward.inputs import policy_messages
+from pr_rlhf.reward.inputs import history_rows_by_user, policy_messages
 from pr_rlhf.shards import ShardReader
 
 T = TypeVar("T")
@@ -30,30 +30,49 @@ class PromptItem:
     question: str
     messages: list
     retrieved: tuple = ()   # the query's retrieved profile posts, for reward models that read them
+    history: tuple = ()     # the user's earlier pairs as {question, chosen, rejected}, for reward models only
 
     def reward_meta(self) -> dict[str, Any]:
-        """What a reward request about this prompt carries for the scorer (the user's retrieved posts)."""
-        return {"subset": self.subset, "retrieved": [dict(post) for post in self.retrieved]}
+        """What a reward request about this prompt carries for the scorer (the user's retrieved posts and, when
+        the run sends one, the user's history)."""
+        meta: dict[str, Any] = {"subset": self.subset, "retrieved": [dict(post) for post in self.retrieved]}
+        if self.history:
+            meta["history"] = [dict(t) for t in self.history]
+        return meta
 
 
 def query_plans(reader: ShardReader, data: RLDataConfig) -> dict[str, list[str]]:
     """query id -> the aspects the policy is shown (``data.plan``: none, or the shards' rubrics)."""
     if data.plan == "none":
         return {}
-    plans = {r["query_id"]: [a["aspect"] for a in r["aspects"]] for r in reader.iter_rows("rubrics")}
+    plans = {r["query_id"]: [a["aspect"] for a in r["aspects"]][:data.plan_max_aspects]
+             for r in reader.iter_rows("rubrics")}
     if not plans:
         raise ValueError(f"{data.shards}: train.data.plan='rubrics' but the shards hold no rubrics")
     return plans
 
 
-def make_item(row: dict, data: RLDataConfig, plans: dict[str, list[str]]) -> PromptItem:
-    """The policy prompt of a query (or pair) row: its question, ``data.profile_top_k`` retrieved posts, its plan."""
+def user_histories(reader: ShardReader, size: int) -> dict[tuple[str, str], tuple[dict, ...]]:
+    """(user id, subset) -> the user's first ``size`` train pairs as {question, chosen, rejected} (empty when
+    ``size`` is 0 or the shards have no train pairs)."""
+    if size <= 0 or "train" not in reader.splits("pairs"):
+        return {}
+    rows = history_rows_by_user(reader.iter_rows("histories"), reader.iter_rows("pairs", "train"))
+    return {key: tuple({"question": str(p["question"]), "chosen": str(p["chosen"]), "rejected": str(p["rejected"])}
+                       for p in past[:size]) for key, past in rows.items()}
+
+
+def make_item(row: dict, data: RLDataConfig, plans: dict[str, list[str]],
+              histories: dict[tuple[str, str], tuple[dict, ...]] | None = None) -> PromptItem:
+    """The policy prompt of a query (or pair) row: its question, ``data.profile_top_k`` retrieved posts, its plan;
+    the user's history (from ``histories``) travels with the item for the reward model only."""
     if data.plan != "none" and row["query_id"] not in plans:
         raise ValueError(f"{data.shards}: query {row['query_id']!r} has no rubric (train.data.plan='rubrics')")
     return PromptItem(row["query_id"], row["user_id"], row["subset"], row["question"],
                       policy_messages(row["question"], row["retrieved"], data.profile_top_k,
                                       plans.get(row["query_id"])),
-                      tuple(dict(post) for post in row.get("retrieved") or ()))
+                      tuple(dict(post) for post in row.get("retrieved") or ()),
+                      (histories or {}).get((row["user_id"], row["subset"]), ()))
 
 
 def load_prompts(cfg: RLConfig) -> tuple[list[PromptItem], list[PromptItem]]:
@@ -61,9 +80,10 @@ def load_prompts(cfg: RLConfig) -> tuple[list[PromptItem], list[PromptItem]]:
     reader = ShardReader(cfg.data.shards)
     cold = {(r["user_id"], r["subset"]) for r in reader.iter_rows("profiles") if r["cold_start"]}
     plans = query_plans(reader, cfg.data)
+    histories = user_histories(reader, cfg.data.history_pairs)
 
     def items(rows: Iterable[dict[str, Any]]) -> list[PromptItem]:
-        return [make_item(r, cfg.data, plans) for r in rows]
+        return [make_item(r, cfg.data, plans, histories) for r in rows]
 
     train = items(r for r in reader.iter_rows("queries", cfg.data.train_split)
                   if (r["user_id"], r["subset"]) not in cold)
@@ -124,7 +144,9 @@ def rubric_following_answers(reader: ShardReader, cfg: RLConfig, seed: int = 0) 
     if world.get("rendering") != "compact":
         raise ValueError(f"{cfg.data.shards}: warmup_sft_target='rubric' renders answers of a compact synthetic "
                          f"world (shards of rendering {world.get('rendering')!r})")
-    wanted = {r["query_id"]: {a["name"]: int(a["wants"]) for a in json.loads(r["meta"])["attributes"]}
+    # the rubric's aspects and its meta's attributes are in the same order (most important first)
+    wanted = {r["query_id"]: {a["name"]: int(a["wants"])
+                              for a in json.loads(r["meta"])["attributes"][:cfg.data.plan_max_aspects]}
               for r in reader.iter_rows("rubrics")}
     names = WorldConfig.model_validate(world).attribute_names   # the world's order, as its answers are rendered
     rng = np.random.default_rng([seed, 23])

@@ -40,6 +40,23 @@ def test_rubric_plans_are_shown_and_required(shards):
     assert all(len(a.messages[-1]["content"]) > len(b.messages[-1]["content"]) for a, b in zip(planned, plain))
 
 
+def test_history_travels_with_the_reward_request_only(shards):
+    from pr_rlhf.reward.inputs import history_rows_by_user
+    from pr_rlhf.shards import ShardReader
+
+    plain, plain_held = load_prompts(RLConfig(data={"shards": str(shards)}))
+    with_history, held = load_prompts(RLConfig(data={"shards": str(shards), "history_pairs": 2}))
+    assert [p.messages for p in plain] == [p.messages for p in with_history]   # the policy never sees it
+    assert all("history" not in p.reward_meta() for p in plain + plain_held)
+    reader = ShardReader(shards)
+    rows = history_rows_by_user(reader.iter_rows("histories"), reader.iter_rows("pairs", "train"))
+    for item in with_history + held:
+        past = rows[(item.user_id, item.subset)][:2]
+        assert item.reward_meta()["history"] == [{"question": p["question"], "chosen": p["chosen"],
+                                                  "rejected": p["rejected"]} for p in past]
+        assert past
+
+
 def test_warmup_answers_are_both_answers_of_each_training_pair(shards):
     answers = load_warmup_answers(RLConfig(data={"shards": str(shards)}))
     assert answers and len(answers) % 2 == 0
@@ -65,6 +82,18 @@ def test_rubric_warmup_answers_do_what_the_shown_aspects_ask(tmp_path):
         found = detect(answer)
         assert all(found[a["name"]] == int(a["wants"]) for a in wanted[item.prompt_id]), (item.prompt_id, answer)
     assert len({answer for _, answer in answers}) > len(train) / 2   # the unnamed attributes vary
+    # only the first k aspects shown: the warm answers do what those ask and vary on the rest
+    first = RLConfig(warmup_sft_target="rubric", data={"shards": str(out), "plan": "rubrics", "plan_max_aspects": 1})
+    shown = {item.prompt_id: item.messages[-1]["content"] for item in load_prompts(first)[0]}
+    rubric_aspects = {r["query_id"]: [a["aspect"] for a in r["aspects"]] for r in ShardReader(out).iter_rows("rubrics")}
+    assert all(rubric_aspects[q][0] in text and rubric_aspects[q][1] not in text for q, text in shown.items())
+    unnamed = set()
+    for item, answer in load_warmup_answers(first):
+        found = detect(answer)
+        top, second = wanted[item.prompt_id][0], wanted[item.prompt_id][1]
+        assert found[top["name"]] == int(top["wants"])
+        unnamed.add(found[second["name"]])
+    assert unnamed == {0, 1}
     with pytest.raises(ValueError, match="compact synthetic world"):
         load_warmup_answers(RLConfig(warmup_sft_target="rubric", data={"shards": str(shards_varied(tmp_path)),
                                                                         "plan": "rubrics"}))
