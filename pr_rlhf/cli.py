@@ -425,7 +425,8 @@ def run_pgenrm_stage(recipe: Recipe, stages: Optional[List[str]] = None, address
             _fail(str(exc))
             raise
     print_pgenrm_table(results)
-    console.print(f"ablation report: {report.markdown}, {report.figure}", highlight=False)
+    if report is not None:
+        console.print(f"ablation report: {report.markdown}, {report.figure}", highlight=False)
     return results
 
 

@@ -8,8 +8,11 @@ came from and the sha256 of every file (tests/unit/test_shipped_models.py checks
 
 ``genrm``: a finished `pr-rlhf pgenrm` stage (``model/`` and ``result.json`` with seen / cold-start summaries).
 ``rm``: a finished `pr-rlhf train-rm` mode (``model/`` and ``eval/result.json`` with the held-out summary).
+``planner``: a finished planner stage of `pr-rlhf pgenrm` (``result.json`` with the trained planner's aspect
+precision / recall on held-out queries).
 The shipped folder gets the model files, ``eval.json`` (the summaries, which Best-of-N and RL sweep recipes read as
-the model's benchmark accuracy, e.g. ``models/pgenrm_tiny/eval.json:seen``) and ``MANIFEST.json``.
+the model's benchmark accuracy, e.g. ``models/pgenrm_tiny/eval.json:seen``; a planner's precision and recall) and
+``MANIFEST.json``.
 """
 from __future__ import annotations
 
@@ -25,7 +28,10 @@ from pr_rlhf.shards import sha256_file as sha256
 
 
 def summaries_of(kind: str, stage_dir: Path) -> dict[str, dict]:
-    """group -> {"summary": ...} of the stage's held-out evaluation."""
+    """group -> {"summary": ...} of the stage's held-out evaluation (a planner: its trained model's aspect
+    precision / recall)."""
+    if kind == "planner":
+        return json.loads((stage_dir / "result.json").read_text())["planner"]["trained"]
     if kind == "genrm":
         result = json.loads((stage_dir / "result.json").read_text())
         return {group: {"summary": result[group]["summary"]} for group in ("seen", "cold") if group in result}
@@ -40,7 +46,9 @@ def ship(kind: str, stage_dir: Path, dest: Path, recipe: str, command: str, seed
     shutil.copytree(stage_dir / "model", dest, ignore=shutil.ignore_patterns("COMPLETE"))
     (dest / "eval.json").write_text(json.dumps(summaries, indent=1) + "\n")
     manifest = {"kind": kind, "stage": stage_dir.name, "recipe": recipe, "seed": seed, "command": command,
-                "accuracy": {g: round(s["summary"]["accuracy"], 4) for g, s in summaries.items()},
+                **({"aspects": {k: round(summaries[k]["mean"], 4) for k in ("precision", "recall")}}
+                   if kind == "planner" else
+                   {"accuracy": {g: round(s["summary"]["accuracy"], 4) for g, s in summaries.items()}}),
                 "files": {p.name: sha256(p) for p in sorted(dest.iterdir()) if p.is_file()}}
     (dest / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
@@ -48,7 +56,7 @@ def ship(kind: str, stage_dir: Path, dest: Path, recipe: str, command: str, seed
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=["genrm", "rm"])
+    parser.add_argument("kind", choices=["genrm", "rm", "planner"])
     parser.add_argument("stage_dir", type=Path)
     parser.add_argument("dest", type=Path)
     parser.add_argument("--recipe", required=True)

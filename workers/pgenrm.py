@@ -555,9 +555,10 @@ def run_pgenrm(recipe: Recipe, stages: list[str] | None = None, address: str | N
                log: Callable[[str], None] = print) -> tuple[dict[str, dict], Any]:
     """`pr-rlhf pgenrm`: the recipe's synthetic world built into its shards when absent, Ray joined at ``address``
     (else a local Ray), the stages (all of the recipe's, or ``stages``; raises :class:`StageOrderError`), then the
-    ablation report over every complete stage. Returns ``({stage: result}, the ablation report)``."""
+    ablation report over every complete GenRM stage. Returns ``({stage: result}, the ablation report, or None
+    when no GenRM stage is complete: a planner-only run)``."""
 
-    from pr_rlhf.pgenrm.report import write_ablation_report
+    from pr_rlhf.pgenrm.report import collect, write_ablation_report
     from workers.ray_utils import start_driver
 
     cfg = recipe.pgenrm
@@ -565,4 +566,6 @@ def run_pgenrm(recipe: Recipe, stages: list[str] | None = None, address: str | N
         raise ValueError("the recipe has no pgenrm: section")
     start_driver(address, 3, shards=cfg.shards, world=cfg.world, log=log)
     results = PGenRMPipeline(recipe, on_step=on_step, on_event=on_event).run(stages)
+    if not collect(cfg.out, recipe.seed):
+        return results, None
     return results, write_ablation_report(cfg.out, title=f"{recipe.name}: P-GenRM ablation", seed=recipe.seed)

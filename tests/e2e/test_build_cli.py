@@ -150,7 +150,7 @@ def test_quickstart_runs_every_stage(tmp_path):
     assert "base on the same pairs" in results["P-GenRM PSI (brief)"]
     # the shipped trained models beside the untrained floor, each with its paired gain
     assert all(f"{name} " in results["evaluation"] and "over untrained" in results["evaluation"]
-               for name in ("bt_rm_none", "bt_rm_profile", "pgenrm"))
+               for name in ("bt_rm_none", "bt_rm_profile", "bt_rm_plan", "pgenrm"))
     assert (out / "eval" / "models.md").is_file() and (out / "eval" / "models" / "pgenrm" / "report.md").is_file()
     assert (out / "scaling" / "scaling_grid.md").is_file() and (out / "scaling" / "scaling_grid.png").is_file()
     assert (out / "bon" / "bon.json").is_file() and (out / "bon" / "correlation.md").is_file()

@@ -13,7 +13,7 @@ from pr_rlhf.configs.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(p.parent for p in (ROOT / "models").glob("*/MANIFEST.json"))
-COMMANDS = {"genrm": "pr-rlhf pgenrm", "rm": "pr-rlhf train-rm"}
+COMMANDS = {"genrm": "pr-rlhf pgenrm", "rm": "pr-rlhf train-rm", "planner": "pr-rlhf pgenrm"}
 
 
 def _tool():
@@ -23,8 +23,9 @@ def _tool():
     return tool
 
 
-def test_the_quickstart_ships_a_genrm_and_both_bt_rms():
-    assert {p.name for p in SHIPPED} >= {"pgenrm_tiny", "rm_bt_tiny_none", "rm_bt_tiny_profile"}
+def test_the_quickstart_ships_a_genrm_a_planner_and_three_bt_rms():
+    assert {p.name for p in SHIPPED} >= {"pgenrm_tiny", "planner_tiny", "rm_bt_tiny_none", "rm_bt_tiny_profile",
+                                         "rm_bt_tiny_plan"}
 
 
 @pytest.mark.parametrize("shipped", SHIPPED, ids=lambda p: p.name)
@@ -38,6 +39,13 @@ def test_shipped_files_match_their_recorded_hashes(shipped):
     load_recipe(ROOT / manifest["recipe"])
     assert manifest["command"].startswith(COMMANDS[manifest["kind"]]) and manifest["recipe"] in manifest["command"]
     evaluation = json.loads((shipped / "eval.json").read_text())
+    if manifest["kind"] == "planner":   # aspect precision / recall of its held-out plans
+        assert evaluation["queries"] > 0 and evaluation["parse_failures"] < evaluation["queries"]
+        for key, value in manifest["aspects"].items():
+            block = evaluation[key]
+            assert round(block["mean"], 4) == value and block["ci_low"] <= block["mean"] <= block["ci_high"]
+            assert block["mean"] > 0.5, f"{key}: a shipped planner that gets most aspects wrong"
+        return
     assert set(evaluation) == set(manifest["accuracy"])
     for group, block in evaluation.items():
         summary = block["summary"]
