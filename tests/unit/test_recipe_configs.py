@@ -48,7 +48,9 @@ ADDED_PGENRM_FIELDS = {"teacher": "votes", "label_filter": True, "hard_kind": "o
 # scorer (none: the held-out evaluations are scored by the reward alone, as before) and what a learner trains (the
 # policy, as every learner did before).
 ADDED_ROOT_SECTIONS = {("rm",), ("train", "downstream"), ("rl_sweep",)}
-ADDED_TRAIN_FIELDS = {"warmup_sft_target": "answers"}
+ADDED_TRAIN_FIELDS = {"warmup_sft_target": "answers", "reward_failures": "raise"}
+# what the policy is shown of a rubric and what the reward requests carry: as before (all aspects, no history)
+ADDED_TRAIN_DATA_FIELDS = {"plan_max_aspects": None, "history_pairs": 0}
 ADDED_LEARNER_FIELDS = {"trains": "policy"}
 # The evaluation's named models (none: only the section's own, as before) and the section's name beside them; the
 # quickstart recipes, which use them, were re-dumped into the baseline.
@@ -128,6 +130,9 @@ def test_every_recipe_resolves_to_its_effective_settings_before(name):
             continue
         if path[:1] == ("train",) and len(path) == 2 and path[-1] in ADDED_TRAIN_FIELDS:
             assert now_leaves[path] == ADDED_TRAIN_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"
+            continue
+        if path[:2] == ("train", "data") and len(path) == 3 and path[-1] in ADDED_TRAIN_DATA_FIELDS:
+            assert now_leaves[path] == ADDED_TRAIN_DATA_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"
             continue
         if path[:1] == ("eval",) and len(path) == 2 and path[-1] in ADDED_EVAL_FIELDS:
             assert now_leaves[path] == ADDED_EVAL_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"
