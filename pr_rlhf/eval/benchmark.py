@@ -12,8 +12,9 @@ from pr_rlhf.world.reference import UserGroup
 
 
 def read_accuracy(value: float | str) -> float:
-    """A benchmark accuracy given as a number, as 'path/result.json:group' (the group's summary accuracy), or as
-    'path/result.json' (a `pr-rlhf eval` result's own summary)."""
+    """A benchmark accuracy given as a number, as 'path/result.json:group' (the group's summary accuracy), as
+    'path/result.json' (a result's own summary), or as 'path/metrics.json:mode/inputs' (a cell of a `pr-rlhf
+    eval` run's metrics)."""
     if not isinstance(value, str):
         return float(value)
     path, _, group = value.rpartition(":") if not value.endswith(".json") else (value, "", "")
@@ -22,9 +23,12 @@ def read_accuracy(value: float | str) -> float:
     except FileNotFoundError:
         raise FileNotFoundError(f"benchmark_accuracy: {path} does not exist (run the stage that writes it)") from None
     try:
+        if "groups" in result:   # an evaluation's metrics.json: one summary per (mode, inputs) cell
+            return float(result["groups"][group]["accuracy"])
         return float((result[group] if group else result)["summary"]["accuracy"])
     except (KeyError, TypeError):
-        field = f"{group}.summary.accuracy" if group else "summary.accuracy"
+        field = (f"groups.{group}.accuracy" if "groups" in result else
+                 f"{group}.summary.accuracy" if group else "summary.accuracy")
         raise ValueError(f"{path}: no field {field} (keys: {sorted(result)})") from None
 
 

@@ -101,6 +101,11 @@ def test_benchmark_accuracy_from_numbers_or_result_files(tmp_path):
     own = tmp_path / "eval_result.json"   # a `pr-rlhf eval` result: its own summary, no group
     own.write_text(json.dumps({"summary": {"accuracy": 0.625}, "predictions": []}))
     assert read_accuracy(str(own)) == 0.625
+    metrics = tmp_path / "metrics.json"   # a `pr-rlhf eval` run's metrics: one summary per (mode, inputs) cell
+    metrics.write_text(json.dumps({"groups": {"pairwise/none": {"accuracy": 0.843}}, "n_pairs": 1500}))
+    assert read_accuracy(f"{metrics}:pairwise/none") == 0.843
+    with pytest.raises(ValueError, match="groups.pointwise/none.accuracy"):
+        read_accuracy(f"{metrics}:pointwise/none")
     rms = {"a": reward_config(kind="gold")}
     with pytest.raises(ValueError, match="benchmark_accuracy.a"):
         BoNConfig(reward_models=rms, benchmark_accuracy={"a": 1.5})
