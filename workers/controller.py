@@ -73,6 +73,9 @@ class RLController:
         self.run_dir = Path(self.cfg.out)
         self.ckpt_root = self.run_dir / "checkpoints"
         self.on_step = on_step or (lambda _m: None)
+        if getattr(recipe.reward, "compares_with_reference", False) and self.cfg.group_size < 2:
+            raise ValueError("reward: a GenRM in sec_reference mode judges each sample against its group's first "
+                             f"sample, so train.group_size must be >= 2 (it is {self.cfg.group_size})")
         self.train_prompts, self.heldout_prompts = load_prompts(self.cfg)
         self._workers_started = False
         self.learner: Any = None

@@ -61,3 +61,11 @@ def test_an_unscored_sample_stops_the_step_or_gets_its_prompts_mean():
     rewards, failed = controller(GoldRewardConfig(), "neutral")._score(items, gens, "t")
     assert failed == 3
     np.testing.assert_allclose(rewards, [2, 3, 4, 0, 0])   # the prompt's scored mean; none scored: 0
+
+
+def test_a_comparing_reward_needs_groups():
+    from pr_rlhf.configs.recipe import Recipe
+
+    with pytest.raises(ValueError, match="group_size must be >= 2"):
+        RLController(Recipe(reward={"kind": "genrm"}, train={"algorithm": "ppo", "group_size": 1,
+                                                             "learner": {"critic": {"enabled": True}}}))
