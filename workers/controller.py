@@ -7,6 +7,7 @@ all derived from them, and a checkpoint stores everything needed to continue exa
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,6 +238,26 @@ class RLController:
         self.learner.rebase_reference()
         return {f"warmup/{k}": v for k, v in metrics.items()}
 
+    def warm_start_root(self) -> Path | None:
+        """``train.warm_start_cache``'s folder for this run's settings (every train field but its own folders and
+        the downstream judge, and the seed), or None without a cache."""
+        if self.cfg.warm_start_cache is None:
+            return None
+        settings = self.cfg.model_dump(mode="json", exclude={"out", "warm_start_cache", "downstream"})
+        key = hashlib.sha256(json.dumps({"seed": self.recipe.seed, "train": settings}, sort_keys=True).encode())
+        return Path(self.cfg.warm_start_cache) / key.hexdigest()[:16]
+
+    def warm_start_or_load(self) -> bool:
+        """The warm start, or the learner state (weights, optimizer, RNG, reference) a run with the same settings
+        saved right after its own; True when loaded."""
+        root = self.warm_start_root()
+        if root is not None and read_checkpoint(root, self.learner) is not None:
+            return True
+        self.warm_start()
+        if root is not None:
+            write_checkpoint(root, self.learner, 0, 0, {"warm_start_steps": self.cfg.warmup_sft_steps}, 1)
+        return False
+
     # ------------------------------------------------------------------------------------------ checkpoints
     def save(self, step: int, history: list[dict], evals: list[dict]) -> Path:
         """Checkpoint after ``step`` steps: learner state (weights, optimizer, RNG), data position, history."""
@@ -261,7 +282,7 @@ class RLController:
             start, history, evals = self.restore()
             if start == 0:
                 if self.cfg.warmup_sft_steps:
-                    self.warm_start()
+                    self.warm_start_or_load()
                 self._sync_weights(0)  # the rollout starts from exactly the learner's weights
             tracker = make_tracker(self.recipe.tracking, self.run_dir, f"{self.recipe.name}/{self.cfg.algorithm}",
                                    tags={"stage": f"rl/{self.cfg.algorithm}"})

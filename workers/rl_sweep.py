@@ -11,11 +11,13 @@ from pr_rlhf.configs.recipe import Recipe
 
 
 def arm_recipe(recipe: Recipe, name: str) -> Recipe:
-    """The recipe with the arm's reward and its own run folder (``<rl_sweep.out>/<arm>``)."""
+    """The recipe with the arm's reward and its own run folder (``<rl_sweep.out>/<arm>``); the arms share one warm
+    start (``<rl_sweep.out>/warm_start`` unless the recipe names another cache)."""
     sweep, train = recipe.rl_sweep, recipe.train
+    cache = train.warm_start_cache or str(Path(sweep.out) / "warm_start")
     return recipe.model_copy(update={
         "name": f"{recipe.name}/{name}", "reward": sweep.arms[name],
-        "train": train.model_copy(update={"out": str(Path(sweep.out) / name)})})
+        "train": train.model_copy(update={"out": str(Path(sweep.out) / name), "warm_start_cache": cache})})
 
 
 def run_rl_sweep(recipe: Recipe, address: str | None = None, *, on_step: Callable[[str, dict], None] | None = None,

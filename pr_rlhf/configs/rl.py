@@ -52,6 +52,11 @@ class RLConfig(StrictModel):
     max_tokens: int = Field(32, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
+    warm_start_cache: str | None = Field(
+        None, description="a folder for the learner's state right after the warm start, keyed by the run's "
+                          "settings: a run with the same settings loads it instead of training the warm start "
+                          "again (`pr-rlhf rl-sweep` sets <rl_sweep.out>/warm_start, so arms that differ only in "
+                          "their reward share one)")
     reward_failures: Literal["raise", "neutral"] = Field(
         "raise", description="a sample the reward model could not score (e.g. a GenRM chain that does not parse): "
                              "'raise' stops the step with the error; 'neutral' gives it the mean reward of its "

@@ -69,14 +69,17 @@ class Interrupt(RuntimeError):
     pass
 
 
+SMALL = ["train.steps=4", "train.prompts_per_step=2", "train.group_size=4", "train.max_tokens=8",
+         "train.checkpoint_every=1", "train.keep_checkpoints=5", "train.eval_every=2",
+         "train.warmup_sft_steps=2", "train.warmup_sft_batch=4", "train.learner.lr=1e-3",
+         "train.data.heldout_prompts=4", "train.eval_samples=2", "tracking.enabled=false",
+         "train.downstream={kind: gold}"]
+
+
 def test_interrupted_run_resumes_to_the_same_weights(ray_cluster, world_shards, tmp_path):  # noqa: F811
     from workers.controller import RLController
 
-    small = ["train.steps=4", "train.prompts_per_step=2", "train.group_size=4", "train.max_tokens=8",
-             "train.checkpoint_every=1", "train.keep_checkpoints=5", "train.eval_every=2",
-             "train.warmup_sft_steps=2", "train.warmup_sft_batch=4", "train.learner.lr=1e-3",
-             "train.data.heldout_prompts=4", "train.eval_samples=2", "tracking.enabled=false",
-             "train.downstream={kind: gold}"]
+    small = SMALL
     full = RLController(recipe("grpo_tiny.yaml", world_shards, tmp_path / "full", *small)).run()
     assert len(full.history) == 4
     # the downstream scorer (here the same gold reward) scores the very samples of each held-out evaluation
@@ -103,6 +106,31 @@ def test_interrupted_run_resumes_to_the_same_weights(ray_cluster, world_shards, 
 
     same = compare_runs(tmp_path / "cut", tmp_path / "full")   # the same policy: no difference, paired
     assert same["measure"] == "downstream" and same["prompts"] == 4 and same["gain"] == pytest.approx(0.0)
+
+
+def test_a_cached_warm_start_is_the_warm_start(ray_cluster, world_shards, tmp_path):  # noqa: F811
+    """Runs with the same settings share one warm start (as a sweep's arms do): the run that loads it ends with
+    bitwise the weights and rewards of the one that trained it; other settings get their own."""
+    from workers.controller import RLController
+
+    cache = f"train.warm_start_cache={tmp_path / 'warm'}"
+    trained = RLController(recipe("grpo_tiny.yaml", world_shards, tmp_path / "a", *SMALL, cache))
+    trained_result = trained.run()
+    assert len(list((tmp_path / "warm").iterdir())) == 1
+    loading = RLController(recipe("grpo_tiny.yaml", world_shards, tmp_path / "b", *SMALL, cache))
+    assert loading.warm_start_root() == trained.warm_start_root()
+
+    def trained_again():
+        raise AssertionError("the cached warm start was trained again")
+
+    loading.warm_start = trained_again
+    loaded_result = loading.run()
+    a, b = final_policy(tmp_path / "a", 4), final_policy(tmp_path / "b", 4)
+    assert all(np.array_equal(a[k], b[k]) for k in a), "the loaded warm start diverged from the trained one"
+    assert [h["reward/mean"] for h in loaded_result.history] == [h["reward/mean"] for h in trained_result.history]
+    other = RLController(recipe("grpo_tiny.yaml", world_shards, tmp_path / "c", *SMALL, cache,
+                                "train.warmup_sft_steps=3"))
+    assert other.warm_start_root() != trained.warm_start_root()
 
 
 @pytest.mark.timeout(2400)   # a hang: ~4 min on a fast 2-core machine, twice that on a slow one

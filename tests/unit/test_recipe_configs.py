@@ -48,7 +48,7 @@ ADDED_PGENRM_FIELDS = {"teacher": "votes", "label_filter": True, "hard_kind": "o
 # scorer (none: the held-out evaluations are scored by the reward alone, as before) and what a learner trains (the
 # policy, as every learner did before).
 ADDED_ROOT_SECTIONS = {("rm",), ("train", "downstream"), ("rl_sweep",)}
-ADDED_TRAIN_FIELDS = {"warmup_sft_target": "answers", "reward_failures": "raise"}
+ADDED_TRAIN_FIELDS = {"warmup_sft_target": "answers", "reward_failures": "raise", "warm_start_cache": None}
 # what the policy is shown of a rubric and what the reward requests carry: as before (all aspects, no history)
 ADDED_TRAIN_DATA_FIELDS = {"plan_max_aspects": None, "history_pairs": 0}
 ADDED_LEARNER_FIELDS = {"trains": "policy"}
