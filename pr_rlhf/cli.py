@@ -451,7 +451,8 @@ def print_pgenrm_table(results: dict) -> None:
                       f"{100 * cold['accuracy']:.1f} [{100 * cold['ci_low']:.1f}, {100 * cold['ci_high']:.1f}]",
                       f"{seen['failures']} / {cold['failures']}", f"{seen.get('ties', 0)} / {cold.get('ties', 0)}",
                       f"{r['seconds'] / 60:.1f}")
-    console.print(table)
+    if table.row_count:   # a planner-only run has no GenRM stage rows
+        console.print(table)
 
 
 @app.command()

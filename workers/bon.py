@@ -37,7 +37,7 @@ def load_bon_prompts(cfg: BoNConfig, seed: int) -> list[tuple[PromptItem, dict]]
     from pr_rlhf.rl.prompts import user_histories
 
     reader = ShardReader(cfg.shards)
-    cold = {(r["user_id"], r["subset"]) for r in reader.iter_rows("profiles") if r.get("cold_start")}
+    cold = reader.cold_start_users()
     if cfg.prompts_from == "cold_start":
         rows = [r for r in reader.iter_rows("queries") if (r["user_id"], r["subset"]) in cold]
     else:

@@ -74,7 +74,9 @@ class RLController:
         self.run_dir = Path(self.cfg.out)
         self.ckpt_root = self.run_dir / "checkpoints"
         self.on_step = on_step or (lambda _m: None)
-        if getattr(recipe.reward, "compares_with_reference", False) and self.cfg.group_size < 2:
+        # a comparing GenRM judges each sample against its group's first sample (see _score)
+        self.reward_compares = bool(getattr(recipe.reward, "compares_with_reference", False))
+        if self.reward_compares and self.cfg.group_size < 2:
             raise ValueError("reward: a GenRM in sec_reference mode judges each sample against its group's first "
                              f"sample, so train.group_size must be >= 2 (it is {self.cfg.group_size})")
         self.train_prompts, self.heldout_prompts = load_prompts(self.cfg)
@@ -160,7 +162,7 @@ class RLController:
         baseline removes the offset, so which sample is the reference does not change the advantages."""
         from pr_rlhf.scorers import RewardRequest
 
-        compares = pool is None and getattr(self.reward_config(), "compares_with_reference", False)
+        compares = pool is None and self.reward_compares
         requests, group = [], []
         for g_index, (item, gen) in enumerate(zip(items, gens)):
             for sample in gen.samples:
@@ -247,16 +249,15 @@ class RLController:
         key = hashlib.sha256(json.dumps({"seed": self.recipe.seed, "train": settings}, sort_keys=True).encode())
         return Path(self.cfg.warm_start_cache) / key.hexdigest()[:16]
 
-    def warm_start_or_load(self) -> bool:
+    def warm_start_or_load(self) -> None:
         """The warm start, or the learner state (weights, optimizer, RNG, reference) a run with the same settings
-        saved right after its own; True when loaded."""
+        saved right after its own."""
         root = self.warm_start_root()
         if root is not None and read_checkpoint(root, self.learner) is not None:
-            return True
+            return
         self.warm_start()
         if root is not None:
             write_checkpoint(root, self.learner, 0, 0, {"warm_start_steps": self.cfg.warmup_sft_steps}, 1)
-        return False
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def save(self, step: int, history: list[dict], evals: list[dict]) -> Path:

@@ -190,15 +190,17 @@ class PGenRMPipeline:
 
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "recipe.yaml").write_text(dump_recipe(self.recipe))
-        if not (self.out / REFERENCES_FILE).is_file():
-            refs = world_references(self.world, self.cfg.history_size)
-            (self.out / REFERENCES_FILE).write_text(json.dumps(refs, indent=1))
-        headroom = self.headroom()
-        if not (self.out / CONTESTED_FILE).is_file():
-            (self.out / CONTESTED_FILE).write_text(json.dumps(self.contested_pairs()))
-        self.on_event(f"headroom ({self.cfg.psi.teacher} teacher): {headroom['gate']['verdict']}")
+        todo = stages or list(self.cfg.stages)
+        if any(stage != "planner" for stage in todo):   # the GenRM's references and headroom (not the planner's)
+            if not (self.out / REFERENCES_FILE).is_file():
+                refs = world_references(self.world, self.cfg.history_size)
+                (self.out / REFERENCES_FILE).write_text(json.dumps(refs, indent=1))
+            headroom = self.headroom()
+            if not (self.out / CONTESTED_FILE).is_file():
+                (self.out / CONTESTED_FILE).write_text(json.dumps(self.contested_pairs()))
+            self.on_event(f"headroom ({self.cfg.psi.teacher} teacher): {headroom['gate']['verdict']}")
         results: dict[str, dict] = {}
-        for stage in stages or list(self.cfg.stages):
+        for stage in todo:
             done = self.result(stage)
             if done is not None:
                 self.on_event(f"{stage}: complete in {self.stage_dir(stage)}, not run again")

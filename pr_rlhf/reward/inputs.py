@@ -89,6 +89,12 @@ def rm_inputs_from_rows(pair_rows: Iterable[Any], history_rows_by_user: Mapping[
     return out
 
 
+def history_triple(past: Any) -> dict[str, str]:
+    """A history pair (a shard row, a record or a world pair) as the {question, chosen, rejected} triple RMs read."""
+    return {"question": str(_get(past, "question", "")), "chosen": str(_get(past, "chosen", "")),
+            "rejected": str(_get(past, "rejected", ""))}
+
+
 def rm_input(pair: Any, history: Iterable[Any] = (), stated_preferences: str = "") -> RMInput:
     """The :class:`RMInput` of one pair (a shard row, a record or a :class:`~pr_rlhf.world.generator.WorldPair`),
     with ``history`` (the user's earlier pairs, of the same kinds, oldest first) as its history triples."""
@@ -98,8 +104,7 @@ def rm_input(pair: Any, history: Iterable[Any] = (), stated_preferences: str = "
         rejected=str(_get(pair, "rejected", "")),
         context=[dict(turn) for turn in _plain_list(_get(pair, "context"))],
         retrieved=[dict(item) for item in _plain_list(_get(pair, "retrieved"))],
-        history=[{"question": str(_get(past, "question", "")), "chosen": str(_get(past, "chosen", "")),
-                  "rejected": str(_get(past, "rejected", ""))} for past in history],
+        history=[history_triple(past) for past in history],
         stated_preferences=stated_preferences,
     )
 

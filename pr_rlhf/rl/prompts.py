@@ -15,7 +15,7 @@ import numpy as np
 
 from pr_rlhf.configs.rl import RLConfig, RLDataConfig
 from pr_rlhf.models.prompting import encode_continuation, encode_prompt
-from pr_rlhf.reward.inputs import history_rows_by_user, policy_messages
+from pr_rlhf.reward.inputs import history_rows_by_user, history_triple, policy_messages
 from pr_rlhf.shards import ShardReader
 
 T = TypeVar("T")
@@ -58,8 +58,7 @@ def user_histories(reader: ShardReader, size: int) -> dict[tuple[str, str], tupl
     if size <= 0 or "train" not in reader.splits("pairs"):
         return {}
     rows = history_rows_by_user(reader.iter_rows("histories"), reader.iter_rows("pairs", "train"))
-    return {key: tuple({"question": str(p["question"]), "chosen": str(p["chosen"]), "rejected": str(p["rejected"])}
-                       for p in past[:size]) for key, past in rows.items()}
+    return {key: tuple(history_triple(p) for p in past[:size]) for key, past in rows.items()}
 
 
 def make_item(row: dict, data: RLDataConfig, plans: dict[str, list[str]],
@@ -78,7 +77,7 @@ def make_item(row: dict, data: RLDataConfig, plans: dict[str, list[str]],
 def load_prompts(cfg: RLConfig) -> tuple[list[PromptItem], list[PromptItem]]:
     """Training prompts (queries of seen users) and held-out prompts (cold-start users, or the test split)."""
     reader = ShardReader(cfg.data.shards)
-    cold = {(r["user_id"], r["subset"]) for r in reader.iter_rows("profiles") if r["cold_start"]}
+    cold = reader.cold_start_users()
     plans = query_plans(reader, cfg.data)
     histories = user_histories(reader, cfg.data.history_pairs)
 

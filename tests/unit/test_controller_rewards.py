@@ -30,7 +30,7 @@ def controller(reward, failures="raise"):
     c = RLController.__new__(RLController)
     c.cfg = RLConfig(reward_failures=failures)
     c.reward_pool = RecordingPool()
-    c.reward_config = lambda reward_cfg=None: reward
+    c.reward_compares = bool(getattr(reward, "compares_with_reference", False))
     return c
 
 
