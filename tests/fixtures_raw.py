@@ -185,3 +185,34 @@ def survey_row(user_id: str, **extra: Any) -> dict:
     return {"user_id": user_id, "self_description": f"I am {user_id}, a curious cook.",
             "system_string": "Be brief and give concrete steps.", "age": "25-34 years old", "gender": "Female",
             "study_locale": "uk", **extra}
+
+
+PRISM_TOPICS = ("cooking dinner", "planning a trip", "learning a language", "fixing a bike", "saving money",
+                "writing a cover letter", "growing tomatoes", "training for a 10k")
+
+
+def prism_users_fixture(root: Path, *, seen_users: int = 4, train_pairs: int = 6, cold_users: int = 2) -> dict:
+    """A small PersonalRewardBench PRISM variant in the hub's schema, with the survey join: each seen user has
+    ``train_pairs`` train pairs, one val and one test pair; each cold-start user one train and one test pair.
+    Every pair carries PRISM's ratings (``chosen_score`` / ``rejected_score``, 1-100) and every user a distinct
+    stated preference (``system_string``: ``STATED-<user>: ...``). Returns the paths and the stated strings."""
+    rows, survey, stated = [], [], {}
+    users = [(f"su{i}", False) for i in range(seen_users)] + [(f"cu{i}", True) for i in range(cold_users)]
+    for u, (user_id, cold) in enumerate(users):
+        splits = ["train", "test"] if cold else ["train"] * train_pairs + ["val", "test"]
+        for j, split in enumerate(splits):
+            topic = PRISM_TOPICS[(u + j) % len(PRISM_TOPICS)]
+            cid = f"c-{user_id}-{j}"
+            chosen = f"Short plan for {topic}: three concrete steps, each one line ({cid})."
+            rejected = f"A long, general essay about {topic} with history and caveats but no steps ({cid})."
+            row = pair_row(cid, user_id, split, flip=bool(j % 2),
+                           context=[{"content": f"Can you help me with {topic}? ({cid})", "role": "user"}],
+                           chosen_score=60 + 7 * ((u + j) % 5), rejected_score=55 + 3 * (j % 4))
+            row["chosen"]["content"], row["rejected"]["content"] = chosen, rejected
+            rows.append(row)
+        stated[user_id] = f"STATED-{user_id}: I want short answers with concrete steps."
+        survey.append(survey_row(user_id, system_string=stated[user_id]))
+    schema = PAIR_SCHEMA.append(pa.field("chosen_score", pa.int64())).append(pa.field("rejected_score", pa.int64()))
+    pairs = write_parquet(root / "prism" / "train-00000-of-00001.parquet", rows, schema)
+    survey_path = write_jsonl(root / "survey.jsonl", survey)
+    return {"pairs": pairs, "survey": survey_path, "stated": stated, "rows": rows}

@@ -48,15 +48,42 @@ class PSIConfig(SFTStageConfig):
                                               "headroom of) the model start_from.psi names, e.g. a shipped PSI "
                                               "checkpoint, so the RL stages start from it")
 
+    source: Literal["world", "teacher"] = Field(
+        "world", description="where the chains come from: 'world' (the synthetic world's oracle teacher, on the "
+                             "world's shards) or 'teacher' (real data: a teacher engine writes chains for the train "
+                             "pairs of `shards`, built by `pr-rlhf data build`; pgenrm.real_data)")
     history_variants: int = Field(4, ge=1, description="(history, pair) draws per train pair: more distinct "
                                                        "examples from the same users (psi_data.psi_examples)")
-    teacher: Literal["votes", "recent_pair"] = Field(
-        "votes", description="how the vote chain's teacher picks Type: 'votes' (most votes: the best rule the "
-                             "student can read off its prompt) or 'recent_pair' (uniformly among the types agreeing "
-                             "with the most recent history pair: a teacher the student's own context can beat)")
+    teacher: Literal["votes", "recent_pair"] | EngineConfig = Field(
+        "votes", description="source 'world': how the vote chain's teacher picks Type: 'votes' (most votes: the "
+                             "best rule the student can read off its prompt) or 'recent_pair' (uniformly among the "
+                             "types agreeing with the most recent history pair: a teacher the student's own context "
+                             "can beat). Source 'teacher': the teacher engine (openai for a served strong model or "
+                             "`vllm serve`, or a local vllm / hf model); its concurrency is the engine's")
+    samples_per_pair: int = Field(4, ge=1, description="source 'teacher': chains asked per pair (one request with "
+                                                       "n samples); the first that parses and prefers the labelled "
+                                                       "answer is kept")
+    teacher_temperature: float = Field(0.8, ge=0)
+    teacher_max_tokens: int = Field(768, ge=16)
+    cache: str | None = Field(None, description="source 'teacher': the chain cache (JSON lines keyed by teacher, "
+                                                "prompt, sampling and seed; default <out>/cache/teacher.jsonl): a "
+                                                "rerun or a resumed run never asks for a chain twice")
     label_filter: bool = Field(True, description="keep only chains that prefer the labelled answer (rejection "
                                                  "sampling). With a stochastic teacher this is itself a policy-"
                                                  "improvement step that can absorb RL's gain before RL starts")
+
+    @model_validator(mode="after")
+    def _check_teacher(self) -> PSIConfig:
+        if self.source == "teacher" and isinstance(self.teacher, str):
+            raise ValueError(f"psi.source 'teacher' needs psi.teacher to be an engine (e.g. {{backend: openai, "
+                             f"base_url: ..., model: ...}}), not the world's rule {self.teacher!r}")
+        if self.source == "world" and not isinstance(self.teacher, str):
+            raise ValueError("psi.teacher is an engine but psi.source is 'world': set psi.source: teacher (real "
+                             "data), or a world rule ('votes' | 'recent_pair')")
+        if self.source == "teacher" and not self.label_filter:
+            raise ValueError("psi.source 'teacher' keeps a chain only when it prefers the labelled answer "
+                             "(rejection sampling): label_filter false is a world-teacher setting")
+        return self
 
 
 class GRPOStageConfig(StrictModel):
@@ -81,10 +108,12 @@ class GRPOStageConfig(StrictModel):
     hard_share_start: float | None = Field(None, ge=0, le=1, description="curriculum: share of hard-negative "
                                            "prompts at the first step (None: the data's natural mix)")
     hard_share_end: float | None = Field(None, ge=0, le=1, description="curriculum: share at the last step")
-    hard_kind: Literal["one_attribute", "contested"] = Field(
-        "one_attribute", description="which prompts are hard: the world's pairs that differ in one attribute, or "
+    hard_kind: Literal["one_attribute", "contested", "label_margin"] = Field(
+        "one_attribute", description="which prompts are hard: the world's pairs that differ in one attribute, "
                                      "'contested' ones (the types consistent with the evidence disagree: a persona "
-                                     "that fits the history prefers the rejected answer)")
+                                     "that fits the history prefers the rejected answer), or on real data "
+                                     "'label_margin' (the smallest rating margins, else the most similar answers: "
+                                     "pgenrm.real_data.hard_flags)")
     both_orders: bool = Field(False, description="half of each group's chains see the pair in order (A, B), half "
                                                  "in (B, A); one group, one advantage baseline (against slot drift)")
     min_history: int = Field(0, ge=0, description="draw prompts only from examples with at least this many history "
@@ -186,6 +215,15 @@ class PGenRMConfig(StrictModel):
         None, description="the compute-matched control of the curriculum (default: the curriculum's settings at "
                           "the natural mix)")
     planner: PlannerStageConfig = Field(default_factory=PlannerStageConfig)
+    process_reward: Literal["exact", "judge"] = Field(
+        "exact", description="PR of the GRPO stages: 'exact' (the synthetic world's true weights) or 'judge' (an "
+                             "LLM judge grades how well the chain's criteria cover the user's gold / stated "
+                             "criteria: prompts/pr_judge.txt; real data needs it)")
+    pr_judge: EngineConfig | None = Field(None, description="the PR judge engine (process_reward 'judge'); its "
+                                                            "grades are cached beside the teacher's chains")
+    pr_judge_max_tokens: int = Field(32, ge=4)
+    hard_quantile: float = Field(1 / 3, gt=0, lt=1, description="real data: the share of training pairs with the "
+                                                                "smallest label margin that are hard negatives")
     headroom: HeadroomConfig = Field(default_factory=HeadroomConfig)
     eval: PGenRMEvalConfig = Field(default_factory=PGenRMEvalConfig)
 
@@ -197,6 +235,23 @@ class PGenRMConfig(StrictModel):
             raise ValueError(f"stages {self.stages} name a stage twice")
         if "base" in self.start_from:
             raise ValueError("start_from.base: the base stage evaluates `model`; set `model` instead")
+        if self.process_reward == "judge" and self.pr_judge is None:
+            raise ValueError("process_reward 'judge' needs pr_judge (an engine)")
+        real = self.psi.source == "teacher"
+        if self.process_reward == "judge" and not real:
+            raise ValueError("process_reward 'judge' is real data's PR (psi.source teacher); the synthetic world's "
+                             "PR is exact")
+        if real and self.process_reward == "exact" and any(
+                self.stage_config(s).alpha > 0 for s in self.stages if s in GRPO_STAGES):
+            raise ValueError("real data (psi.source teacher) has no exact PR: set process_reward: judge and "
+                             "pr_judge, or alpha 0 in every GRPO stage")
+        for stage in (s for s in self.stages if s in GRPO_STAGES):
+            kind = self.stage_config(stage).hard_kind
+            if real and kind != "label_margin" and self.stage_config(stage).hard_share_start is not None:
+                raise ValueError(f"{stage}.hard_kind {kind!r} is a synthetic-world kind: real data's curriculum "
+                                 f"uses 'label_margin'")
+            if not real and kind == "label_margin":
+                raise ValueError(f"{stage}.hard_kind 'label_margin' is for real data (psi.source teacher)")
         if self.psi.steps == 0 and "psi" in self.stages and "psi" not in self.start_from:
             raise ValueError("psi.steps 0 evaluates a given model: set start_from.psi to it (e.g. a shipped PSI "
                              "checkpoint)")

@@ -51,16 +51,24 @@ def process_reward(sec: SEC, names: Sequence[str], x_1: Sequence[int], x_2: Sequ
     return covered / total if total > 0 else 1.0
 
 
+def combine(sec: SEC | None, first_is_chosen: bool, process: float | None, alpha: float = 0.5, beta: float = 1.0,
+            format_penalty: float = -0.1) -> CREReward:
+    """R = alpha * PR + beta * OR of a parsed chain (``process`` None: no PR for this pair, R = beta * OR), or
+    ``format_penalty`` when the chain did not parse (``sec`` None)."""
+    if sec is None:
+        return CREReward(format_penalty, None, None, False)
+    prefers_first = sec.prefers_first
+    outcome = 0.0 if prefers_first is None else float(prefers_first == first_is_chosen)
+    return CREReward(alpha * (process or 0.0) + beta * outcome, outcome, process, True, prefers_first)
+
+
 def cre_reward(text: str, first_is_chosen: bool, names: Sequence[str], x_1: Sequence[int], x_2: Sequence[int],
                true_weights: Sequence[float], alpha: float = 0.5, beta: float = 1.0,
                format_penalty: float = -0.1) -> CREReward:
     """The reward of one generated chain for a pair shown as (response_1, response_2) with attribute vectors
-    ``x_1`` / ``x_2``. Never raises on model output: an unparseable chain gets ``format_penalty``."""
+    ``x_1`` / ``x_2``, with the exact PR. Never raises on model output: an unparseable chain gets
+    ``format_penalty``."""
     parsed = parse_sec(text)
-    if not parsed.ok or parsed.value is None:
-        return CREReward(format_penalty, None, None, False)
-    sec = parsed.value
-    prefers_first = sec.prefers_first
-    outcome = 0.0 if prefers_first is None else float(prefers_first == first_is_chosen)
-    process = process_reward(sec, names, x_1, x_2, true_weights)
-    return CREReward(alpha * process + beta * outcome, outcome, process, True, prefers_first)
+    sec = parsed.value if parsed.ok else None
+    process = None if sec is None else process_reward(sec, names, x_1, x_2, true_weights)
+    return combine(sec, first_is_chosen, process, alpha, beta, format_penalty)

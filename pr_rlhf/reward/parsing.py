@@ -29,6 +29,7 @@ ErrorKind = Literal[
     "bad_weights",      # a criterion weight that is missing, not a number, not finite, or not positive
     "bad_score",        # a score that is not a number, not finite, or out of range
     "missing_section",  # (strict SEC parsing) a required tagged part is missing
+    "no_coverage",      # (PR judge) no "Coverage: X/10" line, or a value outside the scale
     "tie",              # parsed fine, but both responses got the same score: no preference
     "engine_error",     # the engine failed on this request (Generation.error)
     "internal",         # a parser bug caught by never_raises (must never happen)

@@ -42,7 +42,11 @@ REMOVED_FIELDS = {(LearnerConfig, "zero_stage")}
 # re-dumped into the baseline when they changed.
 ADDED_PGENRM_FIELDS = {"teacher": "votes", "label_filter": True, "hard_kind": "one_attribute", "both_orders": False,
                        "refill_rounds": 0, "min_history": 0, "stop_kl": None, "stop_parse_rate": None,
-                       "stop_patience": 2, "control": None, "placement": "persona", "certainty_weighting": False}
+                       "stop_patience": 2, "control": None, "placement": "persona", "certainty_weighting": False,
+                       # real data (psi.source teacher): unused by the world's pipeline
+                       "source": "world", "samples_per_pair": 4, "teacher_temperature": 0.8,
+                       "teacher_max_tokens": 768, "cache": None, "process_reward": "exact", "pr_judge": None,
+                       "pr_judge_max_tokens": 32, "hard_quantile": 1 / 3}
 
 # Added after the baseline: the root's Bradley-Terry section (no baseline recipe has one), an RL run's downstream
 # scorer (none: the held-out evaluations are scored by the reward alone, as before) and what a learner trains (the
