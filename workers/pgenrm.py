@@ -399,14 +399,16 @@ class PGenRMPipeline:
         examples = [dataclasses.replace(e, hardness="hard" if by_pair[e.pair_id].hard else "standard",
                                         history_ids=by_pair[e.pair_id].history_ids) for e in examples]
         report = {"pairs": stats.pairs, "chains": stats.chains, "kept": stats.kept, "kept_share": stats.kept_share,
-                  "rejected": dict(stats.rejected), "cache": engine.stats.as_dict(),
+                  "rejected": dict(stats.rejected), "first_engine_error": stats.first_engine_error,
+                  "cache": engine.stats.as_dict(),
                   "seconds": time.perf_counter() - t0}
         self.stage_dir("psi").mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.stage_dir("psi") / TEACHER_REPORT, json.dumps(report, indent=1))
         self.on_event(f"teacher: kept {stats.kept} of {stats.chains} chains; rejected {dict(stats.rejected)}; "
                       f"{engine.stats.requests} requests sent, {engine.stats.hits} from the cache")
         if not examples:
-            raise ValueError(f"the teacher kept no chain of {stats.chains} ({dict(stats.rejected)}): PSI has "
+            said = f"; first engine error: {stats.first_engine_error}" if stats.first_engine_error else ""
+            raise ValueError(f"the teacher kept no chain of {stats.chains} ({dict(stats.rejected)}{said}): PSI has "
                              f"nothing to learn (see {self.stage_dir('psi') / TEACHER_REPORT})")
         return examples
 
@@ -554,7 +556,7 @@ class PGenRMPipeline:
             return float(np.mean(values)) if values else 0.0
         metrics = {
             "reward/outcome": mean([r.outcome for r in parsed]),
-            "reward/process": mean([r.process for r in parsed]),
+            "reward/process": mean([r.process for r in parsed if r.process is not None]),
             "reward/parse_rate": len(parsed) / len(scored),
             "reward/outcome_contested": mean(contested_or),
             "data/contested_share": mean([float(e.contested) for e in items]),

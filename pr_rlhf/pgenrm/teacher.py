@@ -27,6 +27,7 @@ class TeacherStats:
     chains: int = 0
     kept: int = 0
     rejected: Counter = field(default_factory=Counter)   # kind -> count: engine_error, <parse error>, tie, wrong
+    first_engine_error: str = ""                          # what the engine said the first time it failed
 
     @property
     def kept_share(self) -> float:
@@ -49,6 +50,7 @@ def teacher_examples(inputs: Sequence[RMInput], engine: Engine, params: Sampling
         if gen.error is not None or not gen.samples:
             stats.chains += samples_per_pair
             stats.rejected["engine_error"] += samples_per_pair
+            stats.first_engine_error = stats.first_engine_error or str(gen.error or "no samples")[:500]
             continue
         kept = False
         for sample in gen.samples:

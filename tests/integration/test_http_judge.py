@@ -3,11 +3,7 @@ fault-injecting reverse proxy: slow responses, 5xx bursts, 4xx, and the server k
 import asyncio
 import http.server
 import logging
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -18,48 +14,12 @@ import pytest
 from pr_rlhf.models import SamplingParams
 from pr_rlhf.models.openai_engine import OpenAIEngine, ScoringUnsupportedError
 from pr_rlhf.models.sources import resolve_model
+from tests.vllm_server import serve, stop_server
 
 SECRET = "sk-test-7f3a9c-never-shown"
 KEY_ENV = "PR_RLHF_TEST_JUDGE_KEY"
-STARTUP_TIMEOUT_S = 240
 PROMPTS = ["Hello world, tell me about cats.",
            [{"role": "user", "content": "What should I cook tonight? I like spicy food."}]]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float, log_path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"vLLM server not healthy after {timeout_s}s:\n{log_path.read_text()[-3000:]}")
-
-
-def stop_server(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    """Kill the server's whole process group (the API server spawns its engine core)."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-    try:  # stragglers of the group (the engine core) after the leader died
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -69,22 +29,8 @@ def model_dir():
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    work = tmp_path_factory.mktemp("vllm_server")
-    port = free_port()
-    log_path = work / "server.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TMPDIR": str(work)}
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # an in-process engine elsewhere in the session set it
-    with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-             "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "1024",
-             "--enforce-eager"],
-            stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=work, start_new_session=True)
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", proc, STARTUP_TIMEOUT_S, log_path)
-        yield {"url": f"http://127.0.0.1:{port}/v1", "proc": proc, "port": port}
-    finally:
-        stop_server(proc)
+    with serve(model_dir, tmp_path_factory.mktemp("vllm_server")) as info:
+        yield info
 
 
 @pytest.fixture()

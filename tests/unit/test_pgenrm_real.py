@@ -173,7 +173,8 @@ def test_hard_negatives_without_ratings_are_the_most_similar_answers():
     flags, rule, threshold = hard_flags(pairs, {"same", "far", "mid"}, 1 / 3)
     assert rule == "response_similarity" and flags == {"same": True, "far": False, "mid": False}
     assert response_distance("A b", "a B") == 0.0 and response_distance("a", "b") == 1.0
-    rated = pairs + [{"pair_id": "r", "chosen": "x", "rejected": "y", "meta": '{"chosen_score": 5, "rejected_score": 4}'}]
+    rated = pairs + [{"pair_id": "r", "chosen": "x", "rejected": "y",
+                      "meta": '{"chosen_score": 5, "rejected_score": 4}'}]
     flags, rule, _ = hard_flags(rated, {"r", "same"}, 0.5)
     assert rule == "label_margin" and flags == {"same": False, "far": False, "mid": False, "r": True}
 
