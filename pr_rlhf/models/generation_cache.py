@@ -38,7 +38,7 @@ class CacheStats:
     hits: int = 0                # prompts answered from the cache
     requests: int = 0            # prompts sent to the engine
     failed: int = 0              # of those, failed (not cached)
-    prompt_tokens: int = 0       # of the sent prompts, as the engine counted them (0 where it does not say)
+    prompt_tokens: int = 0       # of the sent prompts: the server's usage count, else the returned token ids
     completion_tokens: int = 0
     unreadable_lines: int = 0
 
@@ -82,21 +82,27 @@ class CachedEngine:
                 first[key] = i
                 missing.append(i)
         for chunk in _chunks(missing, self.chunk):
+            billed = dict(getattr(self.engine, "usage", None) or {})
             gens = self.engine.generate([prompts[i] for i in chunk], params)
+            usage = getattr(self.engine, "usage", None) or {}
             new = []
+            counted = {"prompt_tokens": 0, "completion_tokens": 0}
             for i, gen in zip(chunk, gens):
                 out[i] = gen
                 self.stats.requests += 1
                 if gen.error is not None:
                     self.stats.failed += 1
                     continue
-                self.stats.prompt_tokens += len(gen.prompt_token_ids or ())
-                self.stats.completion_tokens += sum(len(s.token_ids) for s in gen.samples)
+                counted["prompt_tokens"] += len(gen.prompt_token_ids or ())
+                counted["completion_tokens"] += sum(len(s.token_ids) for s in gen.samples)
                 entry = {"key": keys[i], "prompt_token_ids": gen.prompt_token_ids,
                          "samples": [{"text": s.text, "token_ids": list(s.token_ids),
                                       "finish_reason": s.finish_reason} for s in gen.samples]}
                 self._entries[keys[i]] = entry
                 new.append(entry)
+            for key, value in counted.items():   # the server's own count (usage) where it gives one
+                reported = usage.get(key, 0) - billed.get(key, 0)
+                setattr(self.stats, key, getattr(self.stats, key) + (reported if reported > 0 else value))
             if new:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 with self.path.open("a", encoding="utf-8") as f:

@@ -107,6 +107,8 @@ class OpenAIEngine:
         self._lock = threading.Lock()
         self._supports = {"n": True, "return_token_ids": True}
         self.stats: dict[str, int] = {"requests": 0, "retries": 0, "failures": 0, "fallbacks": 0}
+        # the tokens the server says it processed (the response's ``usage``): what a hosted API bills
+        self.usage: dict[str, int] = {"prompt_tokens": 0, "completion_tokens": 0}
 
     @classmethod
     def from_config(cls, cfg: OpenAIEngineConfig) -> OpenAIEngine:
@@ -219,6 +221,11 @@ class OpenAIEngine:
         if params.logprobs:
             body["logprobs"] = True if chat else 0
         data = await self._post_with_features(client, call, "/chat/completions" if chat else "/completions", body)
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        with self._lock:
+            for key in self.usage:
+                if isinstance(usage.get(key), int):
+                    self.usage[key] += usage[key]
         choices = sorted(data.get("choices") or [], key=lambda c: c.get("index", 0))
         if not choices:
             raise _Failure("response has no choices", retryable=False)

@@ -125,6 +125,7 @@ def test_generate_and_score_over_http(server, model_dir, secret_env):
         assert gen.ok and len(gen.samples) == 3 and gen.prompt_token_ids
         for sample in gen.samples:
             assert len(sample.token_ids) == len(sample.logprobs) == 8 and sample.finish_reason == "length"
+    assert engine.usage["completion_tokens"] == 2 * 3 * 8 and engine.usage["prompt_tokens"] > 0   # the server's count
     # Greedy over HTTP gives exactly the local hf engine's tokens (same model, float32).
     hf = HFEngine(model_dir, max_model_len=1024)
     remote = engine.generate(PROMPTS, SamplingParams(n=2, max_tokens=24))

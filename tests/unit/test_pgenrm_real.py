@@ -194,3 +194,21 @@ def test_real_data_recipes_are_checked():
     for fields, message in bad:
         with pytest.raises(ValueError, match=message):
             PGenRMConfig(**fields)
+
+
+def test_generation_cache_counts_the_servers_billed_tokens_where_it_reports_them(tmp_path):
+    class Billing(Counting):
+        """Like a hosted API: no token ids, a usage count per response."""
+
+        def __init__(self):
+            super().__init__()
+            self.usage = {"prompt_tokens": 0, "completion_tokens": 0}
+
+        def generate(self, prompts, params):
+            self.usage["prompt_tokens"] += 100 * len(prompts)
+            self.usage["completion_tokens"] += 10 * len(prompts)
+            return [Generation(samples=[Sample(str(p))]) for p in prompts]
+
+    engine = CachedEngine(Billing(), tmp_path / "c.jsonl", {"model": "m"}, chunk=2)
+    engine.generate(["a", "b", "c"], SamplingParams())
+    assert (engine.stats.prompt_tokens, engine.stats.completion_tokens) == (300, 30)
