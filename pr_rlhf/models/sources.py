@@ -166,6 +166,13 @@ def _tiny_config_overrides(spec: str) -> tuple[str, str, dict[str, Any]]:
     return f"{base}-custom", base, {**TINY_SIZES[base], **overrides}
 
 
+# The templates the tiny tokenizers learn from: a fixed list, so that adding a template does not change every tiny
+# tokenizer (and with it every from-scratch model and its measured results); a new one is tokenized by the BPE's
+# byte fallback like any other text.
+TOKENIZER_TEMPLATES = ("pairwise_judge", "planner", "pointwise", "policy", "rubric_judge", "rubric_judge_aspect",
+                       "scalar_rm", "sec", "sec_compact", "user_blocks")
+
+
 def tiny_corpus() -> list[str]:
     """Deterministic tokenizer training text: world questions, answers, posts, rubrics, and prompt templates."""
     from pr_rlhf.world import WorldConfig, build_world
@@ -179,8 +186,10 @@ def tiny_corpus() -> list[str]:
         for user in world.users:
             texts += [post.text for post in user.posts]
     prompts_dir = Path(__file__).resolve().parent.parent / "prompts"
-    for template in sorted(prompts_dir.glob("*.txt")) if prompts_dir.is_dir() else []:
-        texts.append(template.read_text(encoding="utf-8"))
+    for name in TOKENIZER_TEMPLATES:
+        template = prompts_dir / f"{name}.txt"
+        if template.is_file():
+            texts.append(template.read_text(encoding="utf-8"))
     texts.append("Result: A\nResult: B\nScore: 1 2 3 4 5 6 7 8 9 10\nYes. No. The answer is")
     return [t for t in texts if t]
 
