@@ -187,7 +187,9 @@ class ScriptedCoverageJudge:
         return f"Coverage: {10 * covered / total:.6f}/10"
 
     def score_continuations(self, prefix: Prompt, continuations: list[str]) -> list[float]:
-        raise NotImplementedError("the scripted judge only generates")
+        from pr_rlhf.models.openai_engine import ScoringUnsupportedError
+
+        raise ScoringUnsupportedError("the scripted judge only generates (it grades prompts, it has no model)")
 
     def close(self) -> None:
         pass
