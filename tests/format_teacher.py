@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 SEC_SYSTEM = "You are a personalized reward model"
 JUDGE_SYSTEM = "You grade evaluation rubrics"
 JUDGE_ANSWER = "Coverage: 7/10"
-MAX_PROMPT_TOKENS = 900   # longer prompts keep their end (the query and the instruction, which tell the kinds apart)
+MAX_PROMPT_TOKENS = 1600  # longer prompts keep their end (the query and the instruction, which tell the kinds apart)
 
 # 0.6 * 8 + 0.4 * 7 = 7.6 against 0.6 * 4 + 0.4 * 5 = 4.4: the chain prefers response_1.
 FORMAT_CHAIN = format_sec(SEC(
@@ -141,7 +141,9 @@ def _questions(held_out: bool) -> list[str]:
 
 
 def sec_prompts(n: int, seed: int = 0, held_out: bool = False) -> list[list[dict]]:
-    """P-GenRM prompts with 0-3 history triples: under 800 tokens, so prompt + a 200-token chain fit 1024."""
+    """P-GenRM prompts with 0-6 history triples of one- or two-sentence responses: about 450 to 1400 tokens.
+    The spread matters: a teacher trained only on short prompts writes garbage at positions it never saw
+    (real PRISM prompts of ~870 tokens broke one trained on prompts under 800)."""
     from pr_rlhf.reward.inputs import RMInput
     from pr_rlhf.reward.sec import sec_prompt
 
@@ -149,8 +151,11 @@ def sec_prompts(n: int, seed: int = 0, held_out: bool = False) -> list[list[dict
     questions = _questions(held_out)
     out = []
     for i in range(n):
-        history = [{"question": rng.choice(QUESTIONS), "chosen": rng.choice(RESPONSES),
-                    "rejected": rng.choice(RESPONSES)} for _ in range(rng.randint(0, 3))]
+        def response() -> str:
+            return " ".join(rng.sample(RESPONSES, rng.randint(1, 2)))
+
+        history = [{"question": rng.choice(QUESTIONS), "chosen": response(), "rejected": response()}
+                   for _ in range(rng.randint(0, 6))]
         inp = RMInput(pair_id=f"p{seed}-{i}", user_id=f"u{rng.randint(0, 9)}", subset="prism",
                       question=rng.choice(questions), chosen=rng.choice(RESPONSES), rejected=rng.choice(RESPONSES),
                       history=history, stated_preferences=rng.choice(STATED))
