@@ -161,6 +161,10 @@ class PGenRMEvalConfig(StrictModel):
     max_tokens: int = Field(448, ge=16)
     n_bootstrap: int = Field(1000, ge=10)
     history_pairs: int = Field(3, ge=1)
+    engine: Literal["hf", "rollout"] = Field(
+        "hf", description="'hf': transformers on one CPU (cheapest for tiny models: no engine start-up); "
+                          "'rollout': the rollout engine's settings (e.g. vLLM with its dtype, device and tensor "
+                          "parallelism) with the stage's model, in a Ray task holding rollout_num_gpus GPUs")
 
 
 class HeadroomConfig(StrictModel):
@@ -252,10 +256,20 @@ class PGenRMConfig(StrictModel):
                                  f"uses 'label_margin'")
             if not real and kind == "label_margin":
                 raise ValueError(f"{stage}.hard_kind 'label_margin' is for real data (psi.source teacher)")
+        if self.eval.engine == "rollout" and self.rollout.backend == "openai":
+            raise ValueError("eval.engine 'rollout' evaluates each stage's model with the rollout engine's settings: "
+                             "the rollout backend must be a local one (hf or vllm), not openai")
         if self.psi.steps == 0 and "psi" in self.stages and "psi" not in self.start_from:
             raise ValueError("psi.steps 0 evaluates a given model: set start_from.psi to it (e.g. a shipped PSI "
                              "checkpoint)")
         return self
+
+    def eval_engine(self, model_dir: str) -> tuple[EngineConfig, dict[str, float]]:
+        """The engine that evaluates a stage's model ``model_dir``, and the Ray resources its task holds."""
+        if self.eval.engine == "rollout":
+            return (self.rollout.model_copy(update={"model": model_dir}),
+                    {"num_cpus": self.rollout_num_cpus, "num_gpus": self.rollout_num_gpus})
+        return engine_config(backend="hf", model=model_dir, max_model_len=self.rollout.max_model_len), {"num_cpus": 1}
 
     def stage_config(self, stage: str) -> GRPOStageConfig:
         """The GRPO settings of a GRPO stage (the ablations are CRE without PR or without OR)."""

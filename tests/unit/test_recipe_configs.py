@@ -38,7 +38,8 @@ REMOVED_FIELDS = {(LearnerConfig, "zero_stage")}
 # P-GenRM and scaling fields added after the baseline, with the value that keeps a recipe's run as it was (the
 # headroom section only reports, and its default gate only warns). The two recipes rebuilt around the beatable teacher
 # (pgenrm_pipeline.yaml, pgenrm_from_shipped.yaml) and the scaling grid's new placement (scaling_grid.yaml) and the
-# quickstart's brief PSI on a small world (quickstart.yaml) were
+# quickstart's brief PSI on a small world (quickstart.yaml) and the GPU P-GenRM recipes' evaluations on the
+# rollout engine (gpu/pgenrm_pipeline.yaml, gpu/pgenrm_real.yaml) were
 # re-dumped into the baseline when they changed.
 ADDED_PGENRM_FIELDS = {"teacher": "votes", "label_filter": True, "hard_kind": "one_attribute", "both_orders": False,
                        "refill_rounds": 0, "min_history": 0, "stop_kl": None, "stop_parse_rate": None,
@@ -46,7 +47,9 @@ ADDED_PGENRM_FIELDS = {"teacher": "votes", "label_filter": True, "hard_kind": "o
                        # real data (psi.source teacher): unused by the world's pipeline
                        "source": "world", "samples_per_pair": 4, "teacher_temperature": 0.8,
                        "teacher_max_tokens": 768, "cache": None, "process_reward": "exact", "pr_judge": None,
-                       "pr_judge_max_tokens": 32, "hard_quantile": 1 / 3}
+                       "pr_judge_max_tokens": 32, "hard_quantile": 1 / 3,
+                       # the stage evaluations' engine: transformers, as before
+                       "engine": "hf"}
 
 # Added after the baseline: the root's Bradley-Terry section (no baseline recipe has one), an RL run's downstream
 # scorer (none: the held-out evaluations are scored by the reward alone, as before) and what a learner trains (the
