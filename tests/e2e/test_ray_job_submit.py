@@ -62,6 +62,15 @@ def local_cluster(head_resources: dict | None = None, worker_resources: dict | N
             assert f"{d}/session_" not in left, f"the test's Ray node ({d}) is still running"
 
 
+@pytest.fixture(scope="module")
+def one_node():
+    """One single-node head shared by the jobs that need no other node: each job is its own driver process with
+    its own run directory, and a head's start and stop cost ~15 s. (The two-node test comes first in this file,
+    so the shared head is not running beside its cluster.)"""
+    with local_cluster() as cluster:
+        yield cluster
+
+
 def submit_and_wait(address: str, env: dict, recipe: str, out: Path, sets: list[str], timeout_s: float = 1200,
                     command: str = "train"):
     entry = ["python", "-m", "pr_rlhf.cli", command, recipe, "--out", str(out)]
@@ -89,23 +98,6 @@ def submit_and_wait(address: str, env: dict, recipe: str, out: Path, sets: list[
 
 
 @pytest.mark.timeout(1800)   # a hang: the jobs take 0.5-2.5 min on a fast 2-core machine
-def test_submit_grpo_recipe(tmp_path):
-    out = tmp_path / "run"
-    with local_cluster() as (address, env):
-        submit_and_wait(address, env, "recipes/grpo_tiny.yaml", out,
-                        [*SHORT, f"train.data.shards={tmp_path / 'shards'}"])
-    history = json.loads((out / "history.json").read_text())
-    assert len(history["history"]) == 2 and "eval/heldout_reward_mean" in history["evals"][-1]
-    assert (tmp_path / "shards" / "manifest.json").is_file()   # the job built the recipe's world itself
-
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("grpo_tiny").experiment_id])
-    assert "reward/mean" in run.data.metrics and "time/rollout_s" in run.data.metrics
-
-
-@pytest.mark.timeout(1800)   # a hang: the jobs take 0.5-2.5 min on a fast 2-core machine
 def test_two_nodes_learner_and_rollout_placed_apart(tmp_path):
     """Head offers `learner_host`, the worker node `rollout_host`: 2 FSDP ranks (gloo) go to the head, the rollout
     worker to the other node, and the weights still reach it every step, as they would across hosts."""
@@ -127,15 +119,32 @@ def test_two_nodes_learner_and_rollout_placed_apart(tmp_path):
 
 
 @pytest.mark.timeout(1800)   # a hang: the jobs take 0.5-2.5 min on a fast 2-core machine
-def test_submit_pgenrm_pipeline(tmp_path):
+def test_submit_grpo_recipe(tmp_path, one_node):
+    out = tmp_path / "run"
+    address, env = one_node
+    submit_and_wait(address, env, "recipes/grpo_tiny.yaml", out,
+                    [*SHORT, f"train.data.shards={tmp_path / 'shards'}"])
+    history = json.loads((out / "history.json").read_text())
+    assert len(history["history"]) == 2 and "eval/heldout_reward_mean" in history["evals"][-1]
+    assert (tmp_path / "shards" / "manifest.json").is_file()   # the job built the recipe's world itself
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("grpo_tiny").experiment_id])
+    assert "reward/mean" in run.data.metrics and "time/rollout_s" in run.data.metrics
+
+
+@pytest.mark.timeout(1800)   # a hang: the jobs take 0.5-2.5 min on a fast 2-core machine
+def test_submit_pgenrm_pipeline(tmp_path, one_node):
     """The P-GenRM pipeline as a Ray job: an SFT stage and a GRPO stage from its output (learners, rollout workers,
     evaluation tasks) on the cluster's workers, shortened to minutes; every stage runs in the pipeline tests."""
     out = tmp_path / "run"
     sets = [f"pgenrm.shards={tmp_path / 'shards'}", "pgenrm.stages=[psi,cre]", "pgenrm.psi.steps=3",
             "pgenrm.cre.steps=1", "pgenrm.eval.seen_pairs=8", "pgenrm.eval.cold_pairs=8",
             "pgenrm.eval.max_tokens=24", "pgenrm.cre.max_tokens=24"]
-    with local_cluster() as (address, env):
-        submit_and_wait(address, env, "recipes/pgenrm_smoke.yaml", out, sets, command="pgenrm")
+    address, env = one_node
+    submit_and_wait(address, env, "recipes/pgenrm_smoke.yaml", out, sets, command="pgenrm")
     for stage in ("psi", "cre"):
         result = json.loads((out / stage / "result.json").read_text())
         assert result["seen"]["summary"]["n"] == 8 and (out / stage / "COMPLETE").is_file()
@@ -143,7 +152,7 @@ def test_submit_pgenrm_pipeline(tmp_path):
 
 
 @pytest.mark.timeout(1800)   # a hang: the jobs take 0.5-2.5 min on a fast 2-core machine
-def test_submit_bon_sweep(tmp_path):
+def test_submit_bon_sweep(tmp_path, one_node):
     """A Best-of-N sweep as a Ray job: pool, scores, curves, the validity report and mlflow metrics."""
     import yaml
 
@@ -156,8 +165,8 @@ def test_submit_bon_sweep(tmp_path):
                           "prior_only": {"kind": "world_estimate", "estimator": "no_history", "world": world}},
         "downstream": {"kind": "gold", "normalize": True, "world": world}}}))
     out = tmp_path / "run"
-    with local_cluster() as (address, env):
-        submit_and_wait(address, env, str(recipe), out, [], command="bon")
+    address, env = one_node
+    submit_and_wait(address, env, str(recipe), out, [], command="bon")
     report = json.loads((out / "bon.json").read_text())
     assert set(report["curves"]) == {"true_weights", "prior_only"} and set(report["benchmark_accuracy"]) == {
         "true_weights", "prior_only"}
@@ -171,13 +180,13 @@ def test_submit_bon_sweep(tmp_path):
 
 
 @pytest.mark.timeout(1800)   # a hang: the jobs take 0.5-2.5 min on a fast 2-core machine
-def test_submit_train_rm(tmp_path):
+def test_submit_train_rm(tmp_path, one_node):
     """Bradley-Terry RM training as a Ray job: the learner rank and the evaluation task on the cluster."""
     from tests.e2e.test_train_rm import write_recipe
 
     out = tmp_path / "run"
-    with local_cluster() as (address, env):
-        submit_and_wait(address, env, str(write_recipe(tmp_path)), out, ["rm.input_modes=[none]", "rm.steps=2"],
-                        command="train-rm")
+    address, env = one_node
+    submit_and_wait(address, env, str(write_recipe(tmp_path)), out, ["rm.input_modes=[none]", "rm.steps=2"],
+                    command="train-rm")
     report = json.loads((out / "report.json").read_text())
     assert [r["mode"] for r in report["rows"]] == ["none"] and (out / "none" / "model" / "config.json").is_file()
