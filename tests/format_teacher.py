@@ -150,10 +150,11 @@ def sec_prompts(n: int, seed: int = 0, held_out: bool = False) -> list[list[dict
     rng = random.Random(seed)
     questions = _questions(held_out)
     out = []
-    for i in range(n):
-        def response() -> str:
-            return " ".join(rng.sample(RESPONSES, rng.randint(1, 2)))
 
+    def response() -> str:
+        return " ".join(rng.sample(RESPONSES, rng.randint(1, 2)))
+
+    for i in range(n):
         history = [{"question": rng.choice(QUESTIONS), "chosen": response(), "rejected": response()}
                    for _ in range(rng.randint(0, 6))]
         inp = RMInput(pair_id=f"p{seed}-{i}", user_id=f"u{rng.randint(0, 9)}", subset="prism",

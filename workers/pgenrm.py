@@ -324,7 +324,7 @@ class PGenRMPipeline:
             inputs=["none"], pairwise_format="sec" if self.real else "sec_compact",
             sec_use_stated_preferences=False, history_pairs=ecfg.history_pairs,
             n_bootstrap=ecfg.n_bootstrap, out=str(self.stage_dir(stage) / f"eval_{group}"),
-            judge=self.cfg.eval_engine(model_dir)[0],
+            judge=self.cfg.eval_engine(model_dir),
             generation=GenerationConfig(temperature=0.0, max_tokens=ecfg.max_tokens)),
             tracking=self.recipe.tracking if self.recipe.tracking else TrackingConfig())
 
@@ -333,7 +333,7 @@ class PGenRMPipeline:
         evaluations side by side on a small machine oversubscribe its cores (docs/measurements.md)."""
         import ray
 
-        task = ray.remote(**self.cfg.eval_engine(model_dir)[1])(_run_eval_json)
+        task = ray.remote(**self.cfg.eval_resources())(_run_eval_json)
         out = {}
         for group in ("cold", "seen"):
             res = ray.get(task.remote(self.eval_recipe(stage, model_dir, group).model_dump_json(),

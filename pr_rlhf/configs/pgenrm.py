@@ -264,12 +264,17 @@ class PGenRMConfig(StrictModel):
                              "checkpoint)")
         return self
 
-    def eval_engine(self, model_dir: str) -> tuple[EngineConfig, dict[str, float]]:
-        """The engine that evaluates a stage's model ``model_dir``, and the Ray resources its task holds."""
+    def eval_engine(self, model_dir: str) -> EngineConfig:
+        """The engine that evaluates a stage's model ``model_dir`` (eval.engine)."""
         if self.eval.engine == "rollout":
-            return (self.rollout.model_copy(update={"model": model_dir}),
-                    {"num_cpus": self.rollout_num_cpus, "num_gpus": self.rollout_num_gpus})
-        return engine_config(backend="hf", model=model_dir, max_model_len=self.rollout.max_model_len), {"num_cpus": 1}
+            return self.rollout.model_copy(update={"model": model_dir})
+        return engine_config(backend="hf", model=model_dir, max_model_len=self.rollout.max_model_len)
+
+    def eval_resources(self) -> dict[str, float]:
+        """The Ray resources an evaluation task holds: those of a rollout worker when it runs the rollout engine."""
+        if self.eval.engine == "rollout":
+            return {"num_cpus": self.rollout_num_cpus, "num_gpus": self.rollout_num_gpus}
+        return {"num_cpus": 1}
 
     def stage_config(self, stage: str) -> GRPOStageConfig:
         """The GRPO settings of a GRPO stage (the ablations are CRE without PR or without OR)."""
