@@ -10,6 +10,7 @@ code builds one with :func:`engine_config`, which chooses the member exactly as 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
@@ -31,6 +32,21 @@ class StrictModel(BaseModel):
         return self.INHERITED
 
 
+@dataclass(frozen=True, eq=False)
+class UnionKey:
+    """What a :func:`tagged_union` is keyed by, kept in its annotation (pydantic ignores it) for code that walks the
+    schema: the field ``key`` naming the member, the ``default`` member of a mapping without it, the ``members``."""
+
+    key: str
+    default: str
+    members: Mapping[str, type[BaseModel]]
+
+    def member(self, value: Any) -> type[BaseModel] | None:
+        """The member a mapping selects (None: it names no member)."""
+        name = value.get(self.key, self.default) if isinstance(value, Mapping) else self.default
+        return self.members.get(name) if isinstance(name, str) else None
+
+
 def tagged_union(members: Mapping[str, type[BaseModel]], key: str, default: str, what: str) -> Any:
     """The annotated union of ``members`` keyed by the field ``key``; a mapping without ``key`` is the ``default``
     member (old recipes omit it), a model instance is its own member."""
@@ -43,7 +59,8 @@ def tagged_union(members: Mapping[str, type[BaseModel]], key: str, default: str,
     choices = tuple(Annotated[cls, Tag(name)] for name, cls in members.items())
     return Annotated[Union[choices], Discriminator(   # a union of a runtime tuple of members
         tag, custom_error_type=f"invalid_{key}",
-        custom_error_message=f"unknown {what} {key}: expected one of {', '.join(map(repr, members))}")]
+        custom_error_message=f"unknown {what} {key}: expected one of {', '.join(map(repr, members))}"),
+        UnionKey(key, default, dict(members))]
 
 
 def parser(union: Any) -> Callable[..., Any]:

@@ -2,15 +2,19 @@
 
 Imports pydantic and yaml only (never torch or Ray), so the CLI answers ``--help`` and rejects a bad recipe fast.
 A recipe is YAML; any field can be overridden from the command line as ``a.b.c=value`` (the value is parsed as
-YAML, so ``data.top_k=5`` is an int and ``world.rendering=varied`` a string).
+YAML, so ``data.top_k=5`` is an int and ``world.rendering=varied`` a string). An override of an engine's
+``backend`` or a scorer's ``kind`` that switches member keeps the fields the new member shares with the old one
+(:func:`apply_override`).
 
 The root declares ``seed`` and ``world`` once for the whole recipe: a section that leaves them unset inherits the
 root's (:mod:`pr_rlhf.configs.inherit`).
 """
 from __future__ import annotations
 
+import types
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -21,6 +25,7 @@ from pr_rlhf.configs.base import (
     GenerationConfig,
     ScalarRMConfig,
     StrictModel,
+    UnionKey,
     engine_config,
 )
 from pr_rlhf.configs.bon import BoNConfig
@@ -183,8 +188,13 @@ class RecipeError(ValueError):
 M = TypeVar("M", bound=BaseModel)
 
 
-def apply_override(tree: dict, dotted: str) -> None:
-    """Set ``a.b.c=value`` inside a nested dict (creating levels as needed)."""
+def apply_override(tree: dict, dotted: str, model: type[BaseModel] = Recipe) -> None:
+    """Set ``a.b.c=value`` inside a nested dict (creating levels as needed).
+
+    An override of a tagged union's key (``serve.reward.kind=scalar``, ``train.rollout.backend=vllm``) that picks
+    another member than the section holds (by its key, or the union's default) drops the section's fields that the
+    old member has and the new one lacks (the old kind's ``judge``); the fields both have (``model``, ``dtype``)
+    stay, and so do fields neither has, so that a typo still fails validation. ``model``: the schema of ``tree``."""
     if "=" not in dotted:
         raise RecipeError(f"override {dotted!r} is not of the form key.path=value")
     key, raw = dotted.split("=", 1)
@@ -199,7 +209,66 @@ def apply_override(tree: dict, dotted: str) -> None:
         if not isinstance(child, dict):
             raise RecipeError(f"override {dotted!r}: {part!r} is not a section")
         node = child
-    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    union = _union_key(_schema_at(model, tree, parts[:-1]))
+    if union is not None and union.key == parts[-1]:
+        _switch_member(node, union, value)
+    node[parts[-1]] = value
+
+
+def _switch_member(section: dict, union: UnionKey, name: Any) -> None:
+    """Drop from ``section`` the fields of its current member that member ``name`` lacks (nothing when ``name``
+    is no member: validation names the valid ones)."""
+    old, new = union.member(section), union.members.get(name) if isinstance(name, str) else None
+    if new is None or new is old:
+        return
+    known = old.model_fields if old is not None else {f for m in union.members.values() for f in m.model_fields}
+    for field in [f for f in section if f in known and f not in new.model_fields]:
+        del section[field]
+
+
+def _schema_at(annotation: Any, tree: Any, parts: list[str]) -> Any:
+    """The type of the value at ``parts`` below a value of type ``annotation`` (``tree``: that value as the recipe
+    has it so far, which picks the members of the tagged unions on the way); None where the schema says nothing
+    (``Any``, lists, a union of several mappings)."""
+    for part in parts:
+        annotation = _mapping_type(annotation, tree)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = annotation.model_fields.get(part)
+            if field is None:
+                return None
+            annotation = Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
+        elif get_origin(annotation) in (dict, Mapping):
+            annotation = get_args(annotation)[1]
+        else:
+            return None
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return annotation
+
+
+def _mapping_type(annotation: Any, value: Any) -> Any:
+    """What a mapping ``value`` (None: absent) validates as under ``annotation``: a model class, ``dict[...]``, or
+    None."""
+    if get_origin(annotation) is Annotated:
+        union = _union_key(annotation)
+        if union is not None:
+            return union.member(value)
+        return _mapping_type(get_args(annotation)[0], value)
+    if get_origin(annotation) in (Union, types.UnionType):
+        found = [t for t in (_mapping_type(a, value) for a in get_args(annotation)) if t is not None]
+        return found[0] if len(found) == 1 else None
+    is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    return annotation if is_model or get_origin(annotation) in (dict, Mapping) else None
+
+
+def _union_key(annotation: Any) -> UnionKey | None:
+    """The :class:`UnionKey` of a tagged union ``annotation`` (or of the one tagged union in an optional one)."""
+    if get_origin(annotation) is Annotated:
+        return next((m for m in annotation.__metadata__ if isinstance(m, UnionKey)), None)
+    if get_origin(annotation) in (Union, types.UnionType):
+        keys = [k for k in map(_union_key, get_args(annotation)) if k is not None]
+        return keys[0] if len(keys) == 1 else None
+    return None
 
 
 def recipe_path(loc: tuple[int | str, ...], tree: Any) -> str:
@@ -244,7 +313,7 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
             raise RecipeError(f"{p}: a recipe must be a mapping at the top level, got {type(loaded).__name__}")
         tree = loaded or {}
     for ov in overrides or []:
-        apply_override(tree, ov)
+        apply_override(tree, ov, model)
     try:
         return model.model_validate(tree)
     except ValidationError as exc:
