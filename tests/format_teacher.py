@@ -1,20 +1,33 @@
-"""A "format teacher" for end-to-end tests: the tiny random-init model, fine-tuned in about a minute on CPU so that,
-greedy, it answers every P-GenRM prompt with one fixed, well-formed evaluation chain (FORMAT_CHAIN) and every PR
-judge prompt with "Coverage: 7/10". A served copy then exercises the real parsing / reward path with outputs that
-parse, which the random-init model never writes.
+"""A "format teacher" for end-to-end tests: the tiny random-init model, fine-tuned on CPU so that, greedy, it answers
+every P-GenRM prompt with one fixed, well-formed evaluation chain (FORMAT_CHAIN) and every PR judge prompt with
+"Coverage: 7/10". A served copy then exercises the real parsing / reward path with outputs that parse, which the
+random-init model never writes.
 
-``python -m tests.format_teacher`` trains one, checks it on held-out prompts and prints the timings.
+The suite does not train it: it ships in ``tests/data/format_teacher/`` with a MANIFEST.json that records the sha256
+of every file and of its training inputs (prompts, answers, settings); ``tests/unit/test_format_teacher.py`` checks
+both and the shipped model's held-out outputs, so a change to what it is trained on fails until it is re-shipped:
+
+    python -m tests.format_teacher --ship     # train, check on held-out prompts, write tests/data/format_teacher/
+    python -m tests.format_teacher            # train into a temporary folder and check it (prints the timings)
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import random
+import shutil
 import time
 from pathlib import Path
 
 from pr_rlhf.reward.sec import SEC, Criterion, CriterionScore, format_sec
 
 log = logging.getLogger(__name__)
+
+SHIPPED = Path(__file__).resolve().parent / "data" / "format_teacher"
+SHIP_COMMAND = "python -m tests.format_teacher --ship"
+# What the shipped teacher was trained on: (prompt count, seed) per kind, and the optimiser's settings.
+TRAINING = {"sec": (64, 1), "judge": (64, 2), "steps": 200, "seed": 0, "batch_size": 4, "lr": 3e-3}
 
 SEC_SYSTEM = "You are a personalized reward model"
 JUDGE_SYSTEM = "You grade evaluation rubrics"
@@ -181,37 +194,112 @@ def judge_prompts(n: int, seed: int = 0, held_out: bool = False) -> list[list[di
     return out
 
 
+def training_prompts() -> tuple[list[list[dict]], list[list[dict]]]:
+    return sec_prompts(*TRAINING["sec"]), judge_prompts(*TRAINING["judge"])
+
+
+def heldout_prompts(n: int = 16) -> tuple[list[list[dict]], list[list[dict]]]:
+    return sec_prompts(n, seed=3, held_out=True), judge_prompts(n, seed=4, held_out=True)
+
+
+def training_inputs_sha256() -> str:
+    """The hash of everything the teacher learns from: both kinds' prompts, the fixed answers and the settings."""
+    sec, judge = training_prompts()
+    blob = json.dumps({"sec": sec, "judge": judge, "answers": [FORMAT_CHAIN, JUDGE_ANSWER],
+                       "max_prompt_tokens": MAX_PROMPT_TOKENS, "training": TRAINING}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def file_hashes(folder: Path) -> dict[str, str]:
+    from pr_rlhf.shards import sha256_file
+
+    return {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != "MANIFEST.json"}
+
+
+def shipped_format_teacher() -> Path:
+    """The shipped teacher's folder, after checking its files against the manifest (a stale or edited copy is
+    refused, naming the command that re-ships it)."""
+    manifest = json.loads((SHIPPED / "MANIFEST.json").read_text())
+    if file_hashes(SHIPPED) != manifest["files"]:
+        raise RuntimeError(f"{SHIPPED}: files differ from MANIFEST.json; re-ship with `{SHIP_COMMAND}`")
+    if manifest["training_inputs_sha256"] != training_inputs_sha256():
+        raise RuntimeError(f"{SHIPPED}: trained on other prompts or settings; re-ship with `{SHIP_COMMAND}`")
+    return SHIPPED
+
+
+def check_teacher(model_dir: Path, n: int = 16) -> dict:
+    """Greedy exact answers and temperature-1 parse counts on held-out prompts of both kinds."""
+    from pr_rlhf.models.base import SamplingParams
+    from pr_rlhf.models.hf_engine import HFEngine
+    from pr_rlhf.pgenrm.pr_judge import parse_coverage
+    from pr_rlhf.reward.sec import parse_sec
+
+    test_sec, test_judge = heldout_prompts(n)
+    engine = HFEngine(str(model_dir), max_model_len=2048)
+    try:
+        greedy = engine.generate(test_sec + test_judge, SamplingParams(temperature=0.0, max_tokens=200))
+        want = [FORMAT_CHAIN] * len(test_sec) + [JUDGE_ANSWER] * len(test_judge)
+        exact = sum(g.samples[0].text == w for g, w in zip(greedy, want))
+        sampled = engine.generate(test_sec + test_judge, SamplingParams(n=4, temperature=1.0, max_tokens=200, seed=0))
+    finally:
+        engine.close()
+    return {"greedy_exact": exact, "prompts": len(want),
+            "sampled_sec_parsed": sum(parse_sec(s.text).ok for g in sampled[:len(test_sec)] for s in g.samples),
+            "sampled_judge_parsed": sum(parse_coverage(s.text).ok for g in sampled[len(test_sec):]
+                                        for s in g.samples),
+            "samples_per_kind": 4 * n}
+
+
+def train_teacher(out_dir: Path) -> Path:
+    sec, judge = training_prompts()
+    settings = {k: TRAINING[k] for k in ("steps", "seed", "batch_size", "lr")}
+    return build_format_teacher(out_dir, sec, judge, **settings)
+
+
+def ship(dest: Path = SHIPPED) -> dict:
+    """Train, check on held-out prompts (every greedy answer exact, or nothing is shipped), write ``dest``."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.monotonic()
+        model = train_teacher(Path(tmp) / "teacher")
+        seconds = time.monotonic() - start
+        checks = check_teacher(model)
+        if checks["greedy_exact"] != checks["prompts"]:
+            raise RuntimeError(f"the trained teacher missed held-out answers, not shipped: {checks}")
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(model, dest)
+    manifest = {"kind": "format_teacher", "command": SHIP_COMMAND, "training": TRAINING,
+                "training_inputs_sha256": training_inputs_sha256(), "train_seconds": round(seconds, 1),
+                "heldout": checks, "files": file_hashes(dest)}
+    (dest / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
 if __name__ == "__main__":
     import os
+    import sys
     import tempfile
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from pr_rlhf.models.base import SamplingParams
-    from pr_rlhf.models.hf_engine import HFEngine
-    from pr_rlhf.pgenrm.pr_judge import parse_coverage
     from pr_rlhf.reward.sec import parse_sec
 
     chain = parse_sec(FORMAT_CHAIN)
     assert chain.ok and chain.value.prefers_first, chain
-    train_sec, train_judge = sec_prompts(64, seed=1), judge_prompts(64, seed=2)
-    test_sec, test_judge = sec_prompts(16, seed=3, held_out=True), judge_prompts(16, seed=4, held_out=True)
+    (train_sec, train_judge), (test_sec, test_judge) = training_prompts(), heldout_prompts()
     assert not any(p in train_sec for p in test_sec) and not any(p in train_judge for p in test_judge)
-    with tempfile.TemporaryDirectory() as tmp:
-        start = time.monotonic()
-        out = build_format_teacher(Path(tmp) / "teacher", train_sec, train_judge)
-        print(f"trained and saved in {time.monotonic() - start:.1f} s")
-        engine = HFEngine(str(out), max_model_len=2048)
-        greedy = engine.generate(test_sec + test_judge, SamplingParams(temperature=0.0, max_tokens=200))
-        want = [FORMAT_CHAIN] * len(test_sec) + [JUDGE_ANSWER] * len(test_judge)
-        exact = sum(g.samples[0].text == w for g, w in zip(greedy, want))
-        print(f"greedy exact on held-out prompts: {exact}/{len(want)}")
-        sampled = engine.generate(test_sec + test_judge,
-                                  SamplingParams(n=4, temperature=1.0, max_tokens=200, seed=0))
-        sec_ok = sum(parse_sec(s.text).ok for g in sampled[:len(test_sec)] for s in g.samples)
-        judge_ok = sum(parse_coverage(s.text).ok for g in sampled[len(test_sec):] for s in g.samples)
-        print(f"temperature 1.0 parses: sec {sec_ok}/{4 * len(test_sec)}, judge {judge_ok}/{4 * len(test_judge)}")
-        engine.close()
-        assert exact == len(want)
+    if "--ship" in sys.argv[1:]:
+        print(json.dumps({k: v for k, v in ship().items() if k != "files"}, indent=1))
+        print(f"shipped -> {SHIPPED}")
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            start = time.monotonic()
+            out = train_teacher(Path(tmp) / "teacher")
+            print(f"trained and saved in {time.monotonic() - start:.1f} s")
+            checks = check_teacher(out)
+            print(json.dumps(checks))
+            assert checks["greedy_exact"] == checks["prompts"]

