@@ -35,7 +35,8 @@ EXTRAS = {
     # TRL runs beside our GRPO in bench/grpo_throughput.py (same model, prompts and lengths).
     "bench": ["trl==1.16.0"],
     # bm25s: the reference our BM25 is tested against; ruff and import-linter: `make lint`
-    "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff==0.17.6", "import-linter==2.17", "hypothesis>=6", "bm25s>=0.2"],
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.6", "ruff==0.17.6", "import-linter==2.17",
+            "hypothesis>=6", "bm25s>=0.2"],
 }
 
 setup(

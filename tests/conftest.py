@@ -9,6 +9,24 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 _TIER_SECONDS: dict[str, float] = {}
+_TIERS = ("unit", "integration", "e2e")
+# The e2e files, longest first (measured: README "Tests"): `make test` hands whole files to two workers in this
+# order, so the long ones start early and the short ones fill in at the end. Files not named here come after them.
+E2E_LONGEST_FIRST = ("test_rl.py", "test_psi_from_scratch.py", "test_ray_job_submit.py", "test_pgenrm_pipeline.py",
+                     "test_pgenrm_real.py", "test_build_cli.py", "test_benches.py", "test_train_rm.py")
+
+
+def _order(item) -> tuple[int, int]:
+    parts = item.nodeid.split("::")[0].split("/")
+    tier = _TIERS.index(parts[1]) if len(parts) > 2 and parts[0] == "tests" and parts[1] in _TIERS else len(_TIERS)
+    name = parts[-1]
+    return tier, (E2E_LONGEST_FIRST.index(name) if tier == 2 and name in E2E_LONGEST_FIRST
+                  else len(E2E_LONGEST_FIRST))
+
+
+def pytest_collection_modifyitems(items):
+    # tiers stay in order (fast failures first); a stable sort keeps each file's tests in their written order
+    items.sort(key=_order)
 
 
 def pytest_runtest_logreport(report):
@@ -19,6 +37,6 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
-    if _TIER_SECONDS:
-        terminalreporter.write_line("time per tier: " + ", ".join(
+    if _TIER_SECONDS:   # with several workers: their test time added up, more than the wall time
+        terminalreporter.write_line("test time per tier (summed over workers): " + ", ".join(
             f"{tier} {seconds / 60:.1f} min" for tier, seconds in sorted(_TIER_SECONDS.items())))
