@@ -40,8 +40,9 @@ The LAST line is machine-readable (``bench/common.py``):
           completions_per_s_trl_25m=<> ratio_tiny=<ours/trl at ~1M> ratio_25m=<ours/trl at ~25M>
           [size_25m=failed:<reason>] config=.. baseline=.. ours=.. ratio=<ours/trl at the largest size measured>
 
-Run: ``.venv/bin/python bench/grpo_throughput.py`` (N=3, both sizes; about 5 minutes on 2 cores) or ``--quick``
-(N=1, ~1M only; the 25m fields are then nan). Per-step phase times are printed for both sides (ours: the
+(a size not measured has no fields; one that failed only its ``size_<size>=failed:..`` field). Run:
+``.venv/bin/python bench/grpo_throughput.py`` (N=3, both sizes; about 5 minutes on 2 cores) or ``--quick`` (N=1,
+~1M only: no 25m fields). Per-step phase times are printed for both sides (ours: the
 controller's ``time/*_s`` metrics; TRL: wrappers timing ``_generate`` and ``_calculate_rewards``, the rest of the
 step is "train"). README "Benchmarks" has what made ours faster.
 
@@ -410,13 +411,14 @@ def measure(args: argparse.Namespace) -> common.Result:
                 results[size] = measured
 
     def cps(size: str, side: str) -> float:
-        return results[size][side]["completions_per_s"] if size in results else float("nan")
+        return results[size][side]["completions_per_s"]
 
     print(f"\ntotal wall time {time.perf_counter() - t_start:.0f} s")
     largest = list(results)[-1]
     params = info["params"][largest] / 1e6
-    fields = {**{f"completions_per_s_{side}_{size}": cps(size, side) for size in SIZES for side in ("ours", "trl")},
-              **{f"ratio_{size}": cps(size, "ours") / cps(size, "trl") for size in SIZES}, **fields}
+    # the sizes measured only (a size skipped or failed would be a nan here; a failed one has its failed: field)
+    fields = {**{f"completions_per_s_{side}_{size}": cps(size, side) for size in results for side in ("ours", "trl")},
+              **{f"ratio_{size}": cps(size, "ours") / cps(size, "trl") for size in results}, **fields}
     return common.Result(
         "grpo_throughput", ratio=cps(largest, "ours") / cps(largest, "trl"), fields=fields,
         config=f"GRPO step, random-init Qwen2 of {params:.1f}M params, {PROMPTS_PER_STEP} x {GROUP} completions of <= "

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from fastapi import FastAPI, Header, HTTPException
 from ray import serve
 
+from pr_rlhf.configs.reward import RewardConfig
 from pr_rlhf.configs.serve import ServeConfig
 from pr_rlhf.scorers import Evaluation, RewardRequest, Scorer, build_scorer
 from pr_rlhf.serve.schema import OpenRLHFRequest, ScoreBatch, ScoreItem, ScoreResult
@@ -70,7 +71,9 @@ def _evaluate(scorer: Scorer, items: list[ScoreItem]) -> list[ScoreResult]:
 @serve.deployment
 @serve.ingress(app)
 class RewardService:
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, scorer_factory: Callable[[RewardConfig], Scorer] | None = None):
+        """``scorer_factory``: what builds the scorer from ``cfg.reward`` (default :func:`build_scorer`; tests pass
+        an instrumented one, as to :class:`workers.reward.RewardPool`)."""
         self.cfg = ServeConfig.model_validate(cfg)
         self.token: str | None = None
         if self.cfg.auth_token_env:
@@ -78,7 +81,7 @@ class RewardService:
             if self.token is None:
                 raise RuntimeError(f"auth_token_env={self.cfg.auth_token_env!r} is set but that variable is empty "
                                    "in the replica's environment")
-        self.scorer = build_scorer(self.cfg.reward)
+        self.scorer = (scorer_factory or build_scorer)(self.cfg.reward)
         self.replica = serve.get_replica_context().replica_id.unique_id
         self._score.set_max_batch_size(self.cfg.max_batch_size)
         self._score.set_batch_wait_timeout_s(self.cfg.batch_wait_timeout_s)
@@ -160,14 +163,15 @@ class RewardService:
                 "extra_logs": {"latency_ms": [r.latency_ms for r in results]}}
 
 
-def deploy(cfg: ServeConfig, *, blocking: bool = False) -> str:
+def deploy(cfg: ServeConfig, *, blocking: bool = False,
+           scorer_factory: Callable[[RewardConfig], Scorer] | None = None) -> str:
     """Start Serve's HTTP proxy on ``cfg.host:cfg.port`` and deploy the service (Ray must be initialized);
-    returns the base URL."""
+    returns the base URL. ``scorer_factory``: see :class:`RewardService`."""
     serve.start(http_options={"host": cfg.host, "port": cfg.port, "request_timeout_s": cfg.request_timeout_s + 30})
     application = RewardService.options(
         num_replicas=cfg.replicas, max_ongoing_requests=cfg.max_ongoing_requests,
         ray_actor_options={"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus},
-    ).bind(cfg.model_dump())
+    ).bind(cfg.model_dump(), scorer_factory)
     serve.run(application, name=cfg.name, route_prefix=cfg.route_prefix, blocking=blocking)
     return f"http://{cfg.host}:{cfg.port}{cfg.route_prefix.rstrip('/')}"
 

@@ -1,6 +1,8 @@
-"""Every benchmark's --quick form, run as `make bench-quick` runs it (``bench/suite.py``, each in its own process
-session): it must exit 0 and end with its ``BENCH`` line, so that a benchmark that crashes on a clean clone fails
-here. No ratio is asserted: the --quick sizes check that a benchmark works, they measure nothing worth quoting."""
+"""Every row of the benchmark table in its --quick form, run as `make bench-quick` runs it (``bench/suite.py``, each
+in its own process session): it must exit 0 and end with its ``BENCH`` line, its ratio and every numeric field a
+finite number, so that a benchmark that crashes on a clean clone, or measures nothing (a nan), fails here. No
+ratio's size is asserted: the --quick sizes check that a benchmark works, they measure nothing worth quoting."""
+import math
 import os
 
 import pytest
@@ -8,18 +10,32 @@ import pytest
 from bench import common, suite
 
 HANG_TIMEOUT_S = 300   # a hang, not slowness: each --quick form takes seconds to a minute on 2 cores
-# Each script once, in its first row: a second row of a script (reward_service_load's scalar RM) only passes other
-# arguments, and the tier's time budget has no room for it (`make bench-quick` runs every row).
-SCRIPTS = [b for i, b in enumerate(suite.BENCHES) if b.script not in {a.script for a in suite.BENCHES[:i]}]
 
 
-@pytest.mark.parametrize("bench", SCRIPTS, ids=[b.name for b in SCRIPTS])
+def number(value: str) -> float | None:
+    """A field's value as a float when it is one (nan and inf included), else None."""
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+@pytest.mark.parametrize("bench", suite.BENCHES, ids=[b.row for b in suite.BENCHES])
 def test_quick_form_ends_with_its_bench_line(bench):
     outcome = suite.run_bench(bench, quick=True, hang_timeout_s=HANG_TIMEOUT_S)
     failure = outcome.failure(bench)
     assert failure is None, f"{failure}\n--- stdout\n{outcome.stdout[-3000:]}\n--- stderr\n{outcome.stderr[-5000:]}"
     fields = outcome.line["fields"]
     assert {"config", "baseline", "ours", "ratio"} <= set(fields), fields
+    assert math.isfinite(float(fields["ratio"])) and float(fields["ratio"]) > 0, fields["ratio"]
+    numbers = {k: number(v) for k, v in fields.items()}
+    not_finite = {k: fields[k] for k, x in numbers.items() if x is not None and not math.isfinite(x)}
+    assert not not_finite, f"numeric fields that are not finite: {not_finite}"
+    if "--scorer" in bench.args:     # the row's own scorer measured (reward_service_load: pgenrm, then scalar)
+        assert fields["scorer"] == bench.args[bench.args.index("--scorer") + 1], fields
+    for key in ("wrong", "lost"):    # reward_service_load: every score compared with the one-at-a-time one
+        if key in fields:
+            assert numbers[key] == 0, fields
     if os.environ.get("PR_RLHF_ALL_EXTRAS") == "1":   # everything optional is installed: no part may fail
         failed = {k: v for k, v in fields.items() if v.startswith("failed:")}
         assert not failed, f"optional parts failed: {failed}\n--- stderr\n{outcome.stderr[-5000:]}"

@@ -39,16 +39,58 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+HOLD = "#hold"     # a query ending so is held by the gold replicas' scorer (see HoldOnce)
+HOLD_WAIT_S = 120   # generous: the machine is shared; nothing asserts on time
+
+
+class HoldOnce:
+    """Scorer factory of the gold application: the world's gold scorer, except that the first batch holding a
+    request whose query ends with ``#hold`` (the first of all replicas: a file in ``gate`` claims it) writes the
+    replica's actor name to ``gate/held`` and waits until ``gate/release`` exists. Its retries score at once."""
+
+    def __init__(self, gate: Path):
+        self.gate = str(gate)
+
+    def __call__(self, cfg):
+        from pr_rlhf.scorers import GoldScorer
+
+        gate = self.gate
+
+        class HeldGold(GoldScorer):
+            def evaluate(self, requests):
+                if any(r.question.endswith(HOLD) for r in requests):
+                    try:
+                        claim = os.open(os.path.join(gate, "claimed"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                    except FileExistsError:
+                        claim = None
+                    if claim is not None:
+                        os.close(claim)
+                        name = ray.get_runtime_context().get_actor_name()
+                        Path(gate, "held.tmp").write_text(f"{name}\n{os.getpid()}\n")
+                        os.replace(os.path.join(gate, "held.tmp"), os.path.join(gate, "held"))
+                        deadline = time.monotonic() + HOLD_WAIT_S
+                        while not os.path.exists(os.path.join(gate, "release")) and time.monotonic() < deadline:
+                            time.sleep(0.02)
+                return super().evaluate(requests)
+
+        return HeldGold(cfg)
+
+
+# HoldOnce travels to the replicas by value (this module is not importable there).
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
 @pytest.fixture(scope="module")
-def service(ray_cluster):  # noqa: F811
-    """Serve on a free loopback port with three applications: gold (2 replicas), a tiny scalar RM (batched), and a
-    GenRM whose HTTP engine points at a closed port."""
+def service(ray_cluster, tmp_path_factory):  # noqa: F811
+    """Serve on a free loopback port with three applications: gold (2 replicas, its scorer able to hold a request:
+    HoldOnce), a tiny scalar RM (batched), and a GenRM whose HTTP engine points at a closed port."""
     from workers.reward_service import deploy
 
     port = free_port()
+    gate = tmp_path_factory.mktemp("hold")
     gold = ServeConfig(reward=reward_config(kind="gold", world=WORLD), port=port, name="gold", route_prefix="/gold",
                        replicas=2, num_cpus=0.25)
-    base = deploy(gold)
+    base = deploy(gold, scorer_factory=HoldOnce(gate))
     deploy(ServeConfig(reward=reward_config(kind="scalar"), port=port, name="scalar", route_prefix="/scalar",
                        num_cpus=0.25, max_batch_size=16, batch_wait_timeout_s=0.05))
     dead = engine_config(backend="openai", model="judge", base_url=f"http://127.0.0.1:{free_port()}/v1",
@@ -56,7 +98,7 @@ def service(ray_cluster):  # noqa: F811
     deploy(ServeConfig(reward=reward_config(kind="http", genrm_mode="pointwise", judge=dead), port=port, name="dead",
                        route_prefix="/dead", num_cpus=0.25, request_timeout_s=30))
     root = base.rsplit("/", 1)[0]
-    yield {"root": root, "world": build_world(WORLD)}
+    yield {"root": root, "world": build_world(WORLD), "gate": gate}
     serve.shutdown()
 
 
@@ -171,30 +213,48 @@ def test_model_backend_failure_is_a_clear_5xx(service):
 
 
 def test_killed_replica_is_replaced_and_no_score_is_wrong_or_lost(service):
-    world, url = service["world"], service["root"] + "/gold/score"
+    """A replica killed while it holds a request (HoldOnce: the test kills the replica that holds it, then lets it
+    go): that request and whatever else the replica held fail at the client, which retries them; every score is
+    still the gold utility, none lost, and Serve brings the replica back."""
+    world, url, gate = service["world"], service["root"] + "/gold/score", service["gate"]
     items = [(p.user_id, p.question, text) for p in world.pairs for text in (p.chosen, p.rejected)][:60]
+    held = 6
+    failures: list[tuple[int, str]] = []      # (item, what failed) per failed try, as the client saw it
 
-    def send(item) -> float:
-        user, question, text = item
+    def send(index: int) -> float:
+        user, question, text = items[index]
+        query = question + HOLD if index == held else question
         for attempt in range(8):      # the client retries what failed; a result is never guessed
             try:
-                r = httpx.post(url, json={"user_id": user, "query": question, "response": text}, timeout=30)
+                r = httpx.post(url, json={"user_id": user, "query": query, "response": text}, timeout=30)
                 if r.status_code == 200:
                     return r.json()["score"]
-            except httpx.HTTPError:
-                pass
+                failures.append((index, f"HTTP {r.status_code}"))
+            except httpx.HTTPError as exc:
+                failures.append((index, type(exc).__name__))
             time.sleep(0.25 * (attempt + 1))
         raise AssertionError(f"request for {user} never succeeded")
 
-    replicas = [a for a in ray.util.list_named_actors(all_namespaces=True)
-                if "SERVE_REPLICA" in a["name"] and "gold" in a["name"]]
+    replicas = {a["name"]: a["namespace"] for a in ray.util.list_named_actors(all_namespaces=True)
+                if "SERVE_REPLICA" in a["name"] and "gold" in a["name"]}
     assert len(replicas) == 2
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(send, it) for it in items]
-        time.sleep(0.3)
-        ray.kill(ray.get_actor(replicas[0]["name"], namespace=replicas[0]["namespace"]), no_restart=True)
+        futures = [pool.submit(send, i) for i in range(len(items))]
+        try:
+            deadline = time.monotonic() + HOLD_WAIT_S
+            while not (gate / "held").exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert (gate / "held").exists(), "the held request never reached a replica"
+            name = (gate / "held").read_text().split()[0]
+            assert name in replicas, (name, replicas)
+            assert not futures[held].done()                   # in flight, held by that replica's scorer
+            ray.kill(ray.get_actor(name, namespace=replicas[name]), no_restart=True)
+        finally:
+            (gate / "release").touch()                        # a replica that was not killed lets it go
         scores = [f.result() for f in futures]
-    assert scores == pytest.approx([world.gold_utility(t, u) for u, _, t in items])
+    assert scores == [world.gold_utility(t, u) for u, _, t in items]     # exactly: JSON carries a float's repr
+    # the held request died with its replica: its first try failed at the client and a retry scored it
+    assert held in {i for i, _ in failures}, failures
     deadline = time.time() + 120
     while time.time() < deadline:       # Serve brings the application back to 2 running replicas
         status = serve.status().applications["gold"].deployments["RewardService"]
