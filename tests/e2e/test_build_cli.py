@@ -156,6 +156,87 @@ def test_quickstart_runs_every_stage(tmp_path):
     assert (out / "bon" / "bon.json").is_file() and (out / "bon" / "correlation.md").is_file()
     assert [s["stage"] for s in summary["stages"]][-1] == "GRPO" and summary["peak_rss_gb"] > 0
     assert "quickstart summary" in done.stdout
+    check_quickstart_values(out, results)
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def check_quickstart_values(out: Path, results: dict) -> None:
+    """Each stage's values in its own outputs, recomputed where they derive from per-pair rows, and the summary's
+    line of each stage saying those values (sizes: test_quickstart_runs_every_stage's --set)."""
+    import math
+
+    import pyarrow.parquet as pq
+
+    pairs = 6                                              # eval.max_pairs
+    floor = {g: s for g, s in json.loads((out / "eval" / "metrics.json").read_text())["groups"].items()}
+    assert set(floor) == {f"{m}/{i}" for m in ("pointwise", "pairwise") for i in ("none", "profile", "plan")}
+    for cell, s in floor.items():
+        assert s["n"] == pairs and 0 <= s["accuracy"] <= 1 and s["n_correct"] == round(s["accuracy"] * pairs), cell
+    rows = {r["model"]: r for r in json.loads((out / "eval" / "models.json").read_text()) if "vs_floor" in r}
+    assert {m: r["cell"] for m, r in rows.items()} == {
+        "bt_rm_none": "pointwise/none", "bt_rm_profile": "pointwise/profile", "bt_rm_plan": "pointwise/plan",
+        "pgenrm": "pairwise/none"}
+    for model, row in rows.items():
+        s, gain = row["summary"], row["vs_floor"]
+        verdicts = pq.read_table(out / "eval" / "models" / model / "predictions.parquet").to_pylist()
+        assert len(verdicts) == s["n"] == gain["pairs"] == pairs, model
+        assert s["accuracy"] == sum(v["correct"] for v in verdicts) / pairs, model       # from its own verdicts
+        if model.startswith("bt_rm"):       # a scalar RM: correct where the chosen response scores higher
+            assert all(v["correct"] == (v["score_chosen"] > v["score_rejected"]) for v in verdicts), model
+        # the paired gain over the untrained floor's cell on the same pairs
+        assert gain["gain"] == pytest.approx(s["accuracy"] - floor[row["cell"]]["accuracy"]), model
+        assert f"{model} {row['cell']} {pct(s['accuracy'])} (" in results["evaluation"], model
+    # the shipped BT RM w/ profile beats chance and the untrained floor (5 of the 6 pairs; the floor 3)
+    assert rows["bt_rm_profile"]["summary"]["accuracy"] > 0.5 and rows["bt_rm_profile"]["vs_floor"]["gain"] > 0
+
+    # the brief PSI: the untrained GenRM parses nothing; each stage on the pairs asked for (4 seen, 4 cold)
+    stages = {st: json.loads((out / "pgenrm" / st / "result.json").read_text()) for st in ("base", "psi")}
+    for st, result in stages.items():
+        for group in ("seen", "cold"):
+            s = result[group]["summary"]
+            assert s["n"] == 4 and 0 <= s["accuracy"] <= 1 and s["failures"] <= 4, (st, group)
+    assert stages["base"]["seen"]["summary"]["failure_rate"] == stages["base"]["cold"]["summary"]["failure_rate"] == 1
+    psi = stages["psi"]["seen"]["summary"]
+    assert (f"seen {pct(psi['accuracy'])} ({psi['ties']} ties, {psi['failures']} unparsed of 4)"
+            in results["P-GenRM PSI (brief)"])
+    assert "base on the same pairs 50.0% with unparsed and ties as coin flips (4 unparsed)" in results[
+        "P-GenRM PSI (brief)"]
+
+    # test-time scaling: every (group, m, n) asked for, on its pairs
+    grid = json.loads((out / "scaling" / "scaling_grid.json").read_text())["rows"]
+    assert [(r["group"], r["m"], r["n"], r["pairs"]) for r in grid] == [
+        (g, m, m, 4) for g in ("seen", "cold") for m in (0, 2)]
+    assert all(0 <= r["accuracy"] <= 1 for r in grid)
+    assert results["test-time scaling"] == ", ".join(f"{r['group']} ({r['m']},{r['n']}) {100 * r['accuracy']:.1f}"
+                                                     for r in grid)
+
+    # Best-of-N: every reward model's best-of-k for k = 1, 2, 4 on both prompts, a normalized gold utility
+    bon = json.loads((out / "bon" / "bon.json").read_text())
+    models = {"true_weights", "oracle", "logistic_regression", "prior_only", "pgenrm_shipped"}
+    assert set(bon["curves"]) == models and all(c["prompts"] == 2 for c in bon["counts"].values())
+    for name, curve in bon["curves"].items():
+        overall = [c for c in curve if c["subset"] == "all"]
+        assert [c["k"] for c in overall] == [1, 2, 4] and all(c["prompts"] == 2 for c in overall), name
+        assert all(0 <= c["mean"] <= 1 and c["ci_low"] <= c["mean"] <= c["ci_high"] for c in curve), name
+    truth = [c["mean"] for c in bon["curves"]["true_weights"] if c["subset"] == "all"]
+    assert truth == sorted(truth)       # picking by the downstream judge's own utility never loses with k
+    assert all(0 <= a <= 1 for a in bon["benchmark_accuracy"].values())
+
+    # GRPO: held-out rewards at step 0 and step 2 (train.steps, eval_every), each the mean of its 4 prompts
+    history = json.loads((out / "rl" / "history.json").read_text())
+    evals = history["evals"]
+    assert [e["step"] for e in evals] == [0, 2] and len(history["history"]) == 2
+    for e in evals:
+        per_prompt = e["heldout_reward_per_prompt"]
+        assert len(per_prompt) == 4 and all(math.isfinite(x) for x in per_prompt)        # train.data.heldout_prompts
+        assert e["eval/heldout_reward_mean"] == pytest.approx(sum(per_prompt) / 4)
+        assert e["eval/heldout_reward_ci_low"] <= e["eval/heldout_reward_mean"] <= e["eval/heldout_reward_ci_high"]
+    assert all(math.isfinite(h["reward/mean"]) for h in history["history"])
+    first, last = evals[0]["eval/heldout_reward_mean"], evals[-1]["eval/heldout_reward_mean"]
+    assert results["GRPO"] == f"held-out reward {first:+.3f} -> {last:+.3f}"
 
 
 @pytest.mark.timeout(600)
