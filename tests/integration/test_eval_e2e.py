@@ -60,12 +60,44 @@ def test_every_mode_on_synthetic_shards(synthetic_shards, tmp_path):
     assert run.data.params["eval.max_pairs"] == "6"
 
 
-def test_sec_format_both_orders_with_history(synthetic_shards, tmp_path):
+def test_sec_format_both_orders_with_history(synthetic_shards, tmp_path, monkeypatch):
+    """Each pair judged in both orders, and both prompts the engine receives hold the user's three history
+    triples (query, chosen, rejected) and the pair's answers in the two slot orders."""
+    import pr_rlhf.models as models
+    from pr_rlhf.eval.runner import load_eval_inputs
+    from pr_rlhf.reward.judge import chosen_slot, other
+
+    received: list[str] = []
+    make_engine = models.make_engine
+
+    def recording_engine(cfg):   # the real engine; its generate() also records the prompts it is given
+        engine = make_engine(cfg)
+        generate = engine.generate
+
+        def record(prompts, params):
+            received.extend("\n".join(m["content"] for m in p) for p in prompts)
+            return generate(prompts, params)
+        engine.generate = record
+        return engine
+    monkeypatch.setattr(models, "make_engine", recording_engine)
+
     recipe = _recipe(synthetic_shards, tmp_path / "sec", "eval.modes=[pairwise]", "eval.inputs=[none]",
                      "eval.pairwise_format=sec", "eval.both_orders=true", "eval.generation.temperature=1.0")
     summary = run_eval(recipe).report.summaries["pairwise/none"]
     assert summary["n"] == 12 and summary["n_pairs"] == 6 and summary["both_orders"]
     assert summary["failures"] > 0  # a random model does not write evaluation chains; counted, never raised
+
+    inputs = load_eval_inputs(recipe.eval, recipe.seed)   # the judged pairs, in the judge's order
+    assert len(inputs) == 6 and len(received) == 12       # one prompt per pair and order, seeded order first
+    for i, inp in enumerate(inputs):
+        assert len(inp.history) == 3 and len({t["question"] for t in inp.history}) == 3
+        first = chosen_slot(recipe.seed, inp.pair_id)
+        for prompt, slot in zip(received[2 * i:2 * i + 2], (first, other(first))):
+            for t in inp.history:
+                assert f"User: {t['question']}\nChosen: {t['chosen']}\nRejected: {t['rejected']}" in prompt
+            one, two = (inp.chosen, inp.rejected) if slot == "A" else (inp.rejected, inp.chosen)
+            assert f"[Response 1]\n{one}\n[End of Response 1]" in prompt
+            assert f"[Response 2]\n{two}\n[End of Response 2]" in prompt
 
 
 def test_real_schema_fixtures(tmp_path):

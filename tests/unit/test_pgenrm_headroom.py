@@ -1,4 +1,6 @@
 """The headroom check before RL, the beatable teacher, contested pairs, and the GRPO step's group bookkeeping."""
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -19,7 +21,7 @@ from pr_rlhf.pgenrm.headroom import (
     type_correct,
 )
 from pr_rlhf.pgenrm.oracle_chain import TYPE_LABELS, oracle_chain, teacher_types, vote_type
-from pr_rlhf.pgenrm.psi_data import grpo_pool, in_other_order, is_contested, psi_examples
+from pr_rlhf.pgenrm.psi_data import grpo_pool, in_other_order, is_contested, psi_examples, teacher_chain
 from pr_rlhf.world.generator import build_world
 from pr_rlhf.world.reference import WorldPrior
 
@@ -121,15 +123,48 @@ def test_recent_pair_teacher_writes_the_same_lines_but_draws_the_type(world, pri
     assert all(e.correct for e in filtered) and len(filtered) == fstats.kept
 
 
-def test_recent_pair_type_is_drawn_among_the_candidates(world, prior):
+def within_binomial(count: int, draws: int, p: float) -> bool:
+    """``count`` of ``draws`` is within 4 standard deviations of Binomial(draws, p) (a false alarm ~6e-5)."""
+    return abs(count - draws * p) <= 4 * np.sqrt(draws * p * (1 - p))
+
+
+def test_recent_pair_type_is_drawn_uniformly_among_the_candidates(world, prior):
+    """The teacher's ``Type`` is always one of the candidates (the types agreeing with the latest history pair)
+    and drawn uniformly among them, deterministically per seeded stream: a teacher that always took the first
+    (or any fixed) candidate fails the frequency checks."""
     examples, _ = psi_examples(world, 3, seed=0, keep_incorrect=True, prior=prior, style="vote",
                                teacher="recent_pair")
     pairs = {p.pair_id: p for p in world.pairs}
-    for e in examples[:200]:
-        history = [pairs[h] for h in e.history_ids]
-        allowed = {TYPE_LABELS[k] for k in teacher_types(world.archetypes, history, "recent_pair")}
-        typed = e.target.split("Type:")[1].split()[0]
-        assert typed in allowed
+
+    def typed(text: str) -> str:
+        return text.split("Type:")[1].split()[0]
+
+    firsts = multi = 0
+    for e in examples:
+        candidates = [TYPE_LABELS[k] for k in teacher_types(world.archetypes, [pairs[h] for h in e.history_ids],
+                                                             "recent_pair")]
+        assert typed(e.target) in candidates
+        if len(candidates) == 2:
+            multi += 1
+            firsts += typed(e.target) == candidates[0]
+    assert multi > 100 and within_binomial(firsts, multi, 0.5), (firsts, multi)   # one stream per example
+
+    # many seeded draws for one pair: two candidates (its history), then all three types (no history)
+    two = next(e for e in examples if len(teacher_types(
+        world.archetypes, [pairs[h] for h in e.history_ids], "recent_pair")) == 2)
+    pair, history = pairs[two.pair_id], [pairs[h] for h in two.history_ids]
+
+    def draw(shown: list, s: int) -> str:
+        return typed(teacher_chain(world, prior, pair, shown, True, "vote", "recent_pair",
+                                   np.random.default_rng([s, 7])).sec.persona)
+    for shown, draws in ((history, 600), ([], 240)):
+        candidates = teacher_types(world.archetypes, shown, "recent_pair")
+        assert len(candidates) == (2 if shown else 3)
+        picked = [draw(shown, s) for s in range(draws)]
+        counts = Counter(picked)
+        assert set(counts) == {TYPE_LABELS[k] for k in candidates}, counts           # every candidate is drawn
+        assert all(within_binomial(c, draws, 1 / len(candidates)) for c in counts.values()), counts
+        assert [draw(shown, s) for s in range(0, draws, 37)] == picked[::37]         # the same seed, the same draw
 
 
 def test_other_order_swaps_the_slots_of_the_same_prompt(world, prior):

@@ -211,17 +211,41 @@ def test_conclusion_placement_keeps_what_the_persona_concludes():
 
 
 def test_profile_placement_finds_neighbours_by_posts_and_a_mismatched_index_is_refused():
+    """Members and looked-up users placed by their posts (as workers.scaling builds and looks up): a user who
+    posts about x finds the x-posting members, one who posts about y the y-posting ones, whatever persona the
+    judge wrote; their histories score the pair; a user without posts gets no neighbours."""
     from pr_rlhf.scaling.build import build_index
+    from pr_rlhf.scaling.embedding import profile_vectors
 
     class Bag:
         name = "bag"
 
         def encode(self, texts):
             return np.array([[t.count("x"), t.count("y"), 0.1] for t in texts], dtype=float)
-    vectors = np.array([[1, 0, 0.1], [0.9, 0.1, 0.1], [0, 1, 0.1], [0.1, 0.9, 0.1]], dtype=np.float32)
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    index = build_index(["m1", "m2", "m3", "m4"], None, Bag(), 2, vectors=vectors, placement="profile")
+    posts = {"m1": ["xx", "x"], "m2": ["xxx", "xxy"], "m3": ["yy"], "m4": ["yyy", "xyy"],
+             "ux": ["xxxx", "xy"], "uy": ["y", "yyy"], "silent": []}
+    profiles = profile_vectors(posts, Bag())
+    members = ["m1", "m2", "m3", "m4"]
+    vectors = np.stack([profiles[u] for u in members])
+    index = build_index(members, None, Bag(), 2, vectors=vectors, placement="profile")
     assert index.created["placement"] == "profile"
+    assert index.labels[0] == index.labels[1] != index.labels[2] == index.labels[3]   # the x and the y members
+    # the x members' histories make the fake judge prefer response 1, the y members' response 2
+    histories = {"m1": [triple("likes-one")], "m2": [triple("likes-one")], "m3": [triple("y")], "m4": [triple("y")]}
+    engine = FakeEngine()   # its personas ("likes two") hold neither x nor y: only the posts can place the users
+    judge = ScaledJudge(engine, ScalingConfig(m=0, n=2, prototypes={"placement": "profile"}), index=index,
+                        embedder=Bag(), histories=histories, profiles=profiles)
+    users = ["ux", "uy", "m1", "m3", "silent"]
+    inputs = [RMInput(pair_id=f"p-{u}", user_id=u, subset="s", question="q", chosen="good", rejected="bad",
+                      history=[triple("own")]) for u in users]
+    found = {ev.user_id: ev for ev in judge.evidence(inputs)}
+    assert {u for u, _ in found["ux"].neighbours} == {"m1", "m2"}
+    assert {u for u, _ in found["uy"].neighbours} == {"m3", "m4"}
+    assert [u for u, _ in found["m1"].neighbours] == ["m2"] and [u for u, _ in found["m3"].neighbours] == ["m4"]
+    assert found["silent"].neighbours == [] and found["silent"].neighbour_scores == []
+    sims = [s for _, s in found["ux"].neighbours]
+    assert sims == sorted(sims, reverse=True) and sims[0] > 0.9   # most similar first
+    assert found["ux"].neighbour_scores == [(9.0, 1.0)] * 2 and found["uy"].neighbour_scores == [(1.0, 9.0)] * 2
     with pytest.raises(ValueError, match="exactly one"):
         build_index(["m1"], ["t"], Bag(), 1, vectors=vectors[:1])
     cfg = ScalingConfig(m=0, n=1, prototypes={"placement": "profile"})
