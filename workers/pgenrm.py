@@ -24,7 +24,7 @@ from pr_rlhf.files import atomic_dir, atomic_write_text, is_complete, mark_compl
 from pr_rlhf.models.base import Generation, SamplingParams
 from pr_rlhf.models.generation_cache import CachedEngine, engine_identity
 from pr_rlhf.models.prompting import load_tokenizer
-from pr_rlhf.models.sources import resolve_model
+from pr_rlhf.models.sources import resolve_model, save_model_folder
 from pr_rlhf.pgenrm.cre_reward import cre_reward
 from pr_rlhf.pgenrm.curriculum import hard_share_at, step_prompts
 from pr_rlhf.pgenrm.pr_judge import ChainGroup, CoverageJudge, judged_rewards
@@ -120,7 +120,7 @@ def export_model(state: dict, base_dir: str, out_dir: Path) -> Path:
                          f"{unexpected[:5]})")
     model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=False)
     with atomic_dir(out_dir) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
+        save_model_folder(model, tmp)
         AutoTokenizer.from_pretrained(base_dir).save_pretrained(tmp)
     return out_dir
 

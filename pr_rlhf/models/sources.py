@@ -133,6 +133,29 @@ def _digest(*parts: Any) -> str:
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
+def save_model_folder(model: Any, out: Path) -> None:
+    """What ``model.save_pretrained(out)`` writes (config, generation config, ``model.safetensors``), on any process.
+
+    transformers' ``save_pretrained`` writes nothing but the config on ranks other than 0 once torch.distributed
+    is initialized: a model cache built by learner rank 1 on a fresh machine came out without weights, and every
+    later load failed. Tied weights are written under their first name only, as ``save_pretrained`` does.
+    """
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    model.config.architectures = [type(model).__name__]   # vLLM picks its model class by this
+    model.config.save_pretrained(out)
+    if getattr(model, "generation_config", None) is not None and model.can_generate():
+        model.generation_config.save_pretrained(out)
+    tensors, storages = {}, set()
+    for name, tensor in model.state_dict().items():
+        storage = tensor.untyped_storage().data_ptr()
+        if storage not in storages:
+            storages.add(storage)
+            tensors[name] = tensor.detach().contiguous()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
 def _build_cached(name: str, key: str, build: Any) -> Path:
     """Return the cached ``<name>-<key>`` directory, building it with ``build(tmp_dir)`` if absent."""
     root = cache_root()
@@ -240,7 +263,7 @@ def _tiny(spec: str) -> Path:
         model = Qwen2ForCausalLM(config).to(torch.float32).eval()
         # Only eos/pad: vLLM also reads generation_config.json for default sampling, which must stay neutral.
         model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)
-        model.save_pretrained(out, safe_serialization=True)
+        save_model_folder(model, out)
         tokenizer.save_pretrained(out)
 
     return _build_cached(name, key, build)
@@ -280,7 +303,7 @@ def _smollm2() -> Path:
         model.config.eos_token_id = eos_id
         model.generation_config.eos_token_id = eos_id
         model.generation_config.pad_token_id = tokenizer.pad_token_id
-        model.save_pretrained(out, safe_serialization=True)
+        save_model_folder(model, out)
         tokenizer.save_pretrained(out)
 
     return _build_cached("smollm2-135m-instruct", key, build)

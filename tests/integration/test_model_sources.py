@@ -66,6 +66,33 @@ def test_tiny_overrides_and_parallel_builds(cache):
     assert not [p for p in (cache / "models").iterdir() if p.name.startswith(".tmp")]
 
 
+RANK1_BUILD = """
+import os, sys, torch.distributed as dist
+from pathlib import Path
+from transformers import AutoModelForCausalLM
+from pr_rlhf.models.sources import resolve_model
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method=sys.argv[2], rank=rank, world_size=2)
+if rank == 1:   # a learner rank other than 0 builds the cache first, as on a fresh machine
+    path = Path(resolve_model('tiny:{"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128}'))
+    AutoModelForCausalLM.from_pretrained(path)
+    print(sorted(p.name for p in path.iterdir()))
+dist.barrier()
+"""
+
+
+def test_a_rank_other_than_0_builds_a_whole_model(cache, tmp_path):
+    """transformers' save_pretrained writes no weights on ranks other than 0 once torch.distributed is up: the
+    cache's builder must not depend on it (a learner's rank 1 on a fresh machine cached a weightless folder)."""
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [subprocess.Popen([sys.executable, "-c", RANK1_BUILD, str(rank), init], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    files = eval(outs[1][0].strip().splitlines()[-1])
+    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= set(files), files
+
+
 def test_local_directory_and_refusals(tmp_path, monkeypatch):
     assert resolve_model(str(tmp_path)) == str(tmp_path)
     monkeypatch.delenv("PR_RLHF_ALLOW_HUB", raising=False)
