@@ -71,6 +71,25 @@ def one_node():
         yield cluster
 
 
+def read_predictions(run_dir: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(run_dir / "predictions.parquet").to_pylist()
+
+
+def eval_inputs(run_dir: Path):
+    """(eval recipe, the pairs it evaluated rebuilt from its shards, its recorded predictions) of the evaluation
+    in ``run_dir``, read from the recipe the job wrote there; the pairs are those of the predictions, in order."""
+    from pr_rlhf.configs.recipe import load_recipe
+    from pr_rlhf.eval.runner import load_eval_inputs
+
+    recipe = load_recipe(str(run_dir / "recipe.yaml"))
+    inputs = load_eval_inputs(recipe.eval, recipe.seed)
+    saved = read_predictions(run_dir)
+    assert [i.pair_id for i in inputs] == [r["pair_id"] for r in saved]
+    return recipe, inputs, saved
+
+
 def submit_and_wait(address: str, env: dict, recipe: str, out: Path, sets: list[str], timeout_s: float = 1200,
                     command: str = "train"):
     entry = ["python", "-m", "pr_rlhf.cli", command, recipe, "--out", str(out)]
@@ -137,18 +156,47 @@ def test_submit_grpo_recipe(tmp_path, one_node):
 
 @pytest.mark.timeout(1800)   # a hang: the jobs take 0.5-2.5 min on a fast 2-core machine
 def test_submit_pgenrm_pipeline(tmp_path, one_node):
-    """The P-GenRM pipeline as a Ray job: an SFT stage and a GRPO stage from its output (learners, rollout workers,
-    evaluation tasks) on the cluster's workers, shortened to minutes; every stage runs in the pipeline tests."""
+    """The P-GenRM pipeline as a Ray job: an SFT stage from the shipped GenRM and a GRPO stage from its output
+    (learners, rollout workers, evaluation tasks) on the cluster's workers, one step each; every stage runs in the
+    pipeline tests. What the job computed is recomputed here: its summaries are its verdicts', and the model it
+    exported writes the same chains (hence the same verdicts) on the pairs it evaluated."""
     out = tmp_path / "run"
-    sets = [f"pgenrm.shards={tmp_path / 'shards'}", "pgenrm.stages=[psi,cre]", "pgenrm.psi.steps=3",
-            "pgenrm.cre.steps=1", "pgenrm.eval.seen_pairs=8", "pgenrm.eval.cold_pairs=8",
-            "pgenrm.eval.max_tokens=24", "pgenrm.cre.max_tokens=24"]
+    shipped = ROOT / "models" / "pgenrm_tiny"
+    sets = [f"pgenrm.shards={tmp_path / 'shards'}", "pgenrm.stages=[psi,cre]", f"pgenrm.start_from.psi={shipped}",
+            "pgenrm.psi.steps=1", "pgenrm.psi.batch_size=4", "pgenrm.cre.steps=1", "pgenrm.cre.refill_rounds=0",
+            "pgenrm.cre.prompts_per_step=2", "pgenrm.cre.group_size=2",
+            "pgenrm.eval.seen_pairs=6", "pgenrm.eval.cold_pairs=2", "pgenrm.headroom.after_psi=false"]
     address, env = one_node
-    submit_and_wait(address, env, "recipes/pgenrm_smoke.yaml", out, sets, command="pgenrm")
+    submit_and_wait(address, env, "recipes/pgenrm_from_shipped.yaml", out, sets, command="pgenrm")
     for stage in ("psi", "cre"):
         result = json.loads((out / stage / "result.json").read_text())
-        assert result["seen"]["summary"]["n"] == 8 and (out / stage / "COMPLETE").is_file()
+        assert (out / stage / "COMPLETE").is_file()
+        for group, n in (("seen", 6), ("cold", 2)):   # each summary is that of its own verdicts
+            summary = result[group]["summary"]
+            verdicts = read_predictions(out / stage / f"eval_{group}")
+            assert summary["n"] == len(verdicts) == n, (stage, group)
+            assert summary["accuracy"] == pytest.approx(sum(v["correct"] for v in verdicts) / n), (stage, group)
+            assert summary["failures"] == sum(v["error"] is not None for v in verdicts), (stage, group)
     assert (out / "ablation.md").is_file()
+
+    from pr_rlhf.models import make_engine
+    from pr_rlhf.models.base import SamplingParams
+    from pr_rlhf.reward.judge import PairwiseJudge
+
+    recipe, inputs, saved = eval_inputs(out / "psi" / "eval_seen")
+    cfg, gen, seed = recipe.eval, recipe.eval.generation, recipe.seed
+    assert cfg.judge.model == str(out / "psi" / "model") and gen.temperature == 0 and cfg.max_pairs == 6
+    assert sum(r["error"] is None for r in saved) >= 3, "the shipped GenRM's chains parse: a real comparison"
+    engine = make_engine(cfg.judge)
+    try:
+        judge = PairwiseJudge(engine, params=SamplingParams(temperature=0.0, top_p=gen.top_p,
+                                                            max_tokens=gen.max_tokens, seed=seed),
+                              seed=seed, fmt=cfg.pairwise_format, use_stated_preferences=cfg.sec_use_stated_preferences)
+        verdicts = judge.judge(inputs, "none", cfg.top_k_profile, both_orders=False)
+    finally:
+        engine.close()
+    assert [(v.raw, v.chosen_slot, v.predicted or "", v.error) for v in verdicts] == [
+        (r["raw"], r["chosen_slot"], r["predicted"], r["error"]) for r in saved]
 
 
 @pytest.mark.timeout(1800)   # a hang: the jobs take 0.5-2.5 min on a fast 2-core machine
@@ -190,3 +238,23 @@ def test_submit_train_rm(tmp_path, one_node):
                     command="train-rm")
     report = json.loads((out / "report.json").read_text())
     assert [r["mode"] for r in report["rows"]] == ["none"] and (out / "none" / "model" / "config.json").is_file()
+    # what the job computed, recomputed here: the exported RM scores every evaluation pair as the job recorded,
+    # and the report's accuracies are those scores' (chosen above rejected), per group of users too
+    from pr_rlhf.reward.scalar import ScalarRM
+    from pr_rlhf.world import WorldConfig, build_world
+    from tests.e2e.test_train_rm import WORLD
+
+    recipe, inputs, saved = eval_inputs(out / "none" / "eval")
+    cfg = recipe.eval
+    assert cfg.scalar_rm.model == str(out / "none" / "model")
+    scores = ScalarRM(cfg.scalar_rm).score_pairs(inputs, "none", cfg.top_k_profile)
+    assert [x for s in scores for x in (s.chosen, s.rejected)] == pytest.approx(
+        [x for r in saved for x in (r["score_chosen"], r["score_rejected"])], abs=1e-5)
+    correct = {i.pair_id: s.chosen > s.rejected for i, s in zip(inputs, scores)}
+    (row,) = report["rows"]
+    assert row["n"] == len(correct) == 12 * 3 + 4 * 2 and row["accuracy"] == sum(correct.values()) / row["n"]
+    cold_users = {u.user_id for u in build_world(WorldConfig(**WORLD)).users if u.cold_start}
+    cold = {i.pair_id for i in inputs if i.user_id in cold_users}
+    for group, ids in (("seen", set(correct) - cold), ("cold-start", cold)):
+        assert row["groups"][group]["n"] == len(ids) and row["groups"][group]["accuracy"] == pytest.approx(
+            sum(correct[i] for i in ids) / len(ids)), group
