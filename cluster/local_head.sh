@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A private Ray cluster on 127.0.0.1 for `ray job submit` on one machine (laptop, CI). Only the cluster started
-# here is ever stopped: its processes are found by its own temp dir, never with `ray stop` (which stops every Ray
-# on the machine).
+# here is ever stopped, never with `ray stop` (which stops every Ray on the machine): each node starts in a session
+# of its own (setsid), and stop ends every process of that session and any other naming the node's temp dir.
+# (Ray renames some of its processes, e.g. ray::DashboardAgent, the client server, the dashboard's modules, so
+# their command lines name no temp dir: found by it alone they outlived the cluster, busy on the CPU.)
 #
 #   cluster/local_head.sh start TEMP_DIR [--worker]   # prints the job-submission address (head) and exits;
 #                                                     # --worker: a second node joining RAY_HEAD_ADDRESS
@@ -33,20 +35,30 @@ extra_ports=()
 [ -n "${RAY_CLIENT_PORT:-}" ] && extra_ports+=(--ray-client-server-port "$RAY_CLIENT_PORT")
 
 cluster_pids() {
-  # Every Ray process of this cluster names its session folder inside the temp dir on its command line.
-  ps -eo pid=,args= | grep -F -- "$temp_dir/session_" | grep -v -F -- "grep -F" | awk '{print $1}' || true
+  # The processes of the node's own session (all that `start` launched), and any naming its session folder.
+  local sid=""
+  [ -f "$temp_dir/node.sid" ] && sid=$(cat "$temp_dir/node.sid")
+  # (zombies are left out: they are gone already, waiting for init to reap them)
+  { [ -n "$sid" ] && ps -eo pid=,sid=,stat= | awk -v sid="$sid" '$2 == sid && $3 !~ /^Z/ {print $1}'
+    ps -ww -eo pid=,stat=,args= | grep -F -- "$temp_dir/session_" | grep -v -F -- "grep -F" | awk '$2 !~ /^Z/ {print $1}'
+  } | grep -v -x -e "$$" | sort -u || true
+}
+
+in_own_session() {
+  # run "$@" as the leader of a new session and record its id (its pid): every process it starts stays in it
+  setsid --wait bash -c 'echo $$ > "$0/node.sid"; shift; exec "$@"' "$temp_dir" _ "$@"
 }
 
 case "$cmd" in
   start)
     if [ "$role" = "--worker" ]; then
       # a second node on this machine, on loopback too (see loopback_worker.py for why not plain `ray start`)
-      python "$here/loopback_worker.py" \
+      in_own_session python "$here/loopback_worker.py" \
         --address "${RAY_HEAD_ADDRESS:-127.0.0.1:$port}" --node-ip-address 127.0.0.1 \
         --temp-dir "$temp_dir" --num-cpus "$cpus" --resources "$resources" --disable-usage-stats \
         ${extra_ports[@]+"${extra_ports[@]}"} >"$temp_dir/start-worker.log" 2>&1
     else
-      "$ray_bin" start --head --node-ip-address 127.0.0.1 --port "$port" --temp-dir "$temp_dir" \
+      in_own_session "$ray_bin" start --head --node-ip-address 127.0.0.1 --port "$port" --temp-dir "$temp_dir" \
         --dashboard-host 127.0.0.1 --dashboard-port "$dash" --num-cpus "$cpus" --resources "$resources" \
         --disable-usage-stats ${extra_ports[@]+"${extra_ports[@]}"} >"$temp_dir/start-head.log" 2>&1
       echo "http://127.0.0.1:$dash"
@@ -55,13 +67,13 @@ case "$cmd" in
   stop)
     pids=$(cluster_pids)
     [ -n "$pids" ] && kill -TERM $pids 2>/dev/null || true
-    for _ in $(seq 1 20); do
+    for _ in $(seq 1 10); do   # 5 s of grace: the GCS and raylet ignore TERM longer than that
       [ -z "$(cluster_pids)" ] && break
       sleep 0.5
     done
     pids=$(cluster_pids)
     [ -n "$pids" ] && kill -KILL $pids 2>/dev/null || true
-    rm -f "$temp_dir/ray_current_cluster"
+    rm -f "$temp_dir/ray_current_cluster" "$temp_dir/node.sid"
     ;;
   *) echo "usage: local_head.sh start|stop TEMP_DIR [--worker]" >&2; exit 2 ;;
 esac

@@ -54,12 +54,16 @@ def local_cluster(head_resources: dict | None = None, worker_resources: dict | N
                                 "RAY_HEAD_ADDRESS": f"127.0.0.1:{gcs_port}"})
         yield address, env
     finally:
+        sessions = {d: (d / "node.sid").read_text().strip() for d in dirs if (d / "node.sid").is_file()}
         for d in reversed(dirs):
             subprocess.run(["bash", SCRIPT, "stop", str(d)], env=env, timeout=120)
-        left = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout
+        left = subprocess.run(["ps", "-ww", "-eo", "sid=,stat=,args="], capture_output=True, text=True).stdout.splitlines()
+        alive = [line.split(None, 2) for line in left if len(line.split()) >= 2 and not line.split()[1].startswith("Z")]
         for d in dirs:
             shutil.rmtree(d, ignore_errors=True)
-            assert f"{d}/session_" not in left, f"the test's Ray node ({d}) is still running"
+            # every process of the node: those naming its temp dir, and the renamed ones (ray::DashboardAgent, ...)
+            stray = [p[-1] for p in alive if f"{d}/session_" in p[-1] or p[0] == sessions.get(d)]
+            assert d in sessions and not stray, f"the test's Ray node ({d}) is still running: {stray[:5]}"
 
 
 @pytest.fixture(scope="module")
