@@ -55,10 +55,11 @@ def measure(args: argparse.Namespace) -> common.Result:
     from pr_rlhf.configs.world import WorldConfig
     from pr_rlhf.models import make_engine
     from pr_rlhf.models.base import SamplingParams
+    from pr_rlhf.threads import set_torch_threads
     from pr_rlhf.world import build_world
     from workers.bon import load_bon_prompts
 
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     world_cfg = WorldConfig(**WORLD)
     with tempfile.TemporaryDirectory(prefix="bon_bench_") as tmp:   # the prompts are read into memory
         shards = Path(tmp) / "data"

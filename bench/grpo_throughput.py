@@ -61,8 +61,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import common
+from pr_rlhf.threads import capped_threads
 
-THREADS = 2
+THREADS = capped_threads(2)
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = str(THREADS)  # before torch is imported here, and inherited by Ray's processes
 

@@ -116,8 +116,9 @@ def measure(args: argparse.Namespace) -> common.Result:
     from pr_rlhf.models.base import SamplingParams
     from pr_rlhf.models.hf_engine import HFEngine
     from pr_rlhf.models.prompting import encode_prompt
+    from pr_rlhf.threads import set_torch_threads
 
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     model_dir = resolve(args.model)
     label = common.genrm_label(model_dir)
     engine = HFEngine(model_dir, max_model_len=2048, seed=args.seed, share_prefix=True)

@@ -1,9 +1,11 @@
 """Percentile-bootstrap confidence intervals of a mean: the one resampler behind every CI the project reports.
 
-Plain (items resampled independently) or clustered (whole clusters resampled with all their items, e.g. both
-verdicts of a pair judged in both orders, or all samples of one prompt); a paired difference (new - old over
-the same items) is the plain form on the differences. Everything is deterministic in the generator, or in a
-seed and names (:func:`seeded_rng`), so a report's CIs are the same on every rerun. numpy only.
+Plain (items resampled independently) or clustered (whole clusters resampled with all their items). The
+project's reports cluster by **user** (docs/protocols.md section 3): a user's evaluation pairs share one history,
+a user's RL prompts share one reward, so their outcomes move together and resampling pairs would understate the
+uncertainty. A paired difference (new - old over the same items) resamples the differences the same way, and
+takes its clusters as a required argument so that no report can forget them. Everything is deterministic in the
+generator, or in a seed and names (:func:`seeded_rng`), so a report's CIs are the same on every rerun. numpy only.
 """
 from __future__ import annotations
 
@@ -78,13 +80,15 @@ def mean_ci(values: np.ndarray, n_bootstrap: int = 1000, seed: int = 0, clusters
     return bootstrap_ci(values, seeded_rng(seed), int(n_bootstrap), clusters=cid, level=level)
 
 
-def paired_difference_ci(new: np.ndarray, old: np.ndarray, n_bootstrap: int = 1000,
-                         seed: int = 0) -> tuple[float, float, float]:
-    """(mean, ci_low, ci_high) of ``new - old`` over the same items (aligned arrays), resampling items: pairing
-    removes what the items differ in (hard vs easy pairs, users' attainable reward), which dominates two
-    independent CIs. (nan, nan, nan) for no items."""
+def paired_difference_ci(new: np.ndarray, old: np.ndarray, *, clusters: Sequence[Any] | None,
+                         n_bootstrap: int = 1000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, ci_low, ci_high) of ``new - old`` over the same items (aligned arrays). Pairing removes what the items
+    differ in (hard vs easy pairs, users' attainable reward), which dominates two independent CIs.
+
+    ``clusters``: one label per item, the unit the bootstrap resamples (the user the pair or prompt belongs to);
+    ``None`` says, explicitly, that the items are independent. (nan, nan, nan) for no items."""
     diff = np.asarray(new, dtype=np.float64) - np.asarray(old, dtype=np.float64)
     if diff.size == 0:
         return float("nan"), float("nan"), float("nan")
-    low, high = mean_ci(diff, n_bootstrap=n_bootstrap, seed=seed)
+    low, high = mean_ci(diff, n_bootstrap=n_bootstrap, seed=seed, clusters=clusters)
     return float(diff.mean()), low, high

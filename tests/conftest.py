@@ -8,6 +8,13 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Parallel workers (`make test` runs two): each process and everything it starts (CLI subprocesses, local Ray
+# clusters and their actors) runs one torch thread. Several processes with a thread per core each spin in OpenMP
+# barriers and run the tiny models several times slower (README "Tests"); pr_rlhf.threads caps explicit counts too.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    for _var in ("PR_RLHF_MAX_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_var] = "1"
+
 _TIER_SECONDS: dict[str, float] = {}
 _TIERS = ("unit", "integration", "e2e")
 # The e2e files, longest first (measured: README "Tests"): `make test` hands whole files to two workers in this

@@ -187,7 +187,8 @@ class BoNSweep:
                 if kept:
                     pools.append(ScoredPool(pid, kept[0]["subset"], tuple(floor if v is None else float(v)
                                                                          for v in raw),
-                                            tuple(float(quality[(pid, s["sample"])]) for s in kept)))
+                                            tuple(float(quality[(pid, s["sample"])]) for s in kept),
+                                            kept[0]["user_id"]))
             curves[name] = curve(pools, self.cfg.ks, self.cfg.n_bootstrap, self.seed)
             counts[name] = {"prompts": len(pools), "downstream_unscored": dropped, "rm_unscored": unscored}
         bench = self.benchmark_accuracies()
@@ -214,8 +215,8 @@ class BoNSweep:
 
     def write_report(self, curves: dict[str, list], counts: dict[str, dict[str, int]]) -> dict[str, Any]:
         intro = (f"Pool: n = {self.cfg.n} samples per prompt; quality = the downstream judge "
-                 f"({self.cfg.downstream.kind}); exact expectation over all k-subsets, 95% bootstrap CI over "
-                 "prompts; first-k = the public protocol's estimate.")
+                 f"({self.cfg.downstream.kind}); exact expectation over all k-subsets, 95% bootstrap CI resampling "
+                 "users; first-k = the public protocol's estimate.")
         lines = ["## Best-of-k", "", intro, ""]
         for name, points in curves.items():
             rows = sorted((p for p in points if p.subset == "all"), key=lambda p: p.k)

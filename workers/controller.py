@@ -36,14 +36,19 @@ class RLResult:
     history: list[dict] = field(default_factory=list)     # one dict of metrics per step
     evals: list[dict] = field(default_factory=list)       # held-out evaluations (step, reward mean)
     resumed_from: int = 0
+    heldout_users: list[str] = field(default_factory=list)   # the user of each held-out prompt (the CI's unit)
 
 
-def heldout_rise(first: dict, last: dict, n_bootstrap: int = 2000, seed: int = 0) -> dict[str, float]:
+def heldout_rise(first: dict, last: dict, users: list[str], n_bootstrap: int = 2000,
+                 seed: int = 0) -> dict[str, float]:
     """Paired rise of the held-out reward between two evaluations: the mean over prompts of (last - first) with a
-    95% bootstrap CI over prompts. Pairing removes what differs between users (their attainable reward), which
-    dominates the unpaired CIs of each evaluation."""
-    rise, low, high = paired_difference_ci(last[PER_PROMPT], first[PER_PROMPT], n_bootstrap=n_bootstrap, seed=seed)
-    return {"rise": rise, "ci_low": low, "ci_high": high, "prompts": len(last[PER_PROMPT])}
+    95% bootstrap CI resampling users (``users``: each prompt's user; a user's prompts share one reward). Pairing
+    removes what differs between users (their attainable reward), which dominates the unpaired CIs of each
+    evaluation."""
+    rise, low, high = paired_difference_ci(last[PER_PROMPT], first[PER_PROMPT], clusters=users,
+                                           n_bootstrap=n_bootstrap, seed=seed)
+    return {"rise": rise, "ci_low": low, "ci_high": high, "prompts": len(last[PER_PROMPT]),
+            "users": len(set(users))}
 
 
 def loggable(metrics: dict) -> dict:
@@ -199,7 +204,7 @@ class RLController:
                                 max_tokens=self.cfg.max_tokens, seed=self.recipe.seed + 7_777)
         gens = generate_sharded(self.rollouts, [p.messages for p in items], params)
         index = np.array([i for i, g in enumerate(gens) for _ in g.samples])
-        clusters = [items[i].prompt_id for i in index]   # a prompt's samples are not independent
+        clusters = [items[i].user_id for i in index]   # a user's prompts and samples share one reward
 
         def per_prompt(values: np.ndarray) -> list[float]:
             return (np.bincount(index, weights=values, minlength=len(items))
@@ -307,7 +312,8 @@ class RLController:
             (self.run_dir / "history.json").write_text(json.dumps(
                 {"history": history, "evals": evals, "heldout_users": [p.user_id for p in self.heldout_prompts]},
                 indent=1))
-            return RLResult(self.run_dir, history, evals, resumed_from=start)
+            return RLResult(self.run_dir, history, evals, resumed_from=start,
+                            heldout_users=[p.user_id for p in self.heldout_prompts])
         finally:
             self.shutdown()
 
@@ -334,4 +340,4 @@ def run_rl(recipe: Recipe, address: str | None = None, *, on_step: Callable[[dic
         raise ValueError("the recipe has no train: section")
     start_driver(address, math.ceil(cpus_needed(recipe)), shards=cfg.data.shards, world=cfg.data.world, log=log)
     result = RLController(recipe, on_step=on_step).run()
-    return result, heldout_rise(result.evals[0], result.evals[-1])
+    return result, heldout_rise(result.evals[0], result.evals[-1], result.heldout_users)

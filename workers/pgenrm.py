@@ -32,6 +32,7 @@ from pr_rlhf.pgenrm.psi_data import PSIExample, grpo_pool, in_other_order, psi_e
 from pr_rlhf.pgenrm.real_data import RealData, grpo_item, load_real_data
 from pr_rlhf.rl.prompts import batch_at, sft_example
 from pr_rlhf.stats import mean_ci
+from pr_rlhf.threads import capped_threads, set_torch_threads
 from pr_rlhf.tracking import make_tracker
 from pr_rlhf.world.generator import World, build_world
 from pr_rlhf.world.reference import WorldPrior
@@ -57,22 +58,20 @@ class HeadroomGateError(RuntimeError):
 
 def _run_model_headroom(model_dir: str, recipe_json: str, threads: int) -> dict:
     """The model part of the headroom check (a Ray task)."""
-    import torch
 
     from pr_rlhf.pgenrm.headroom import sampled_model_headroom
 
-    torch.set_num_threads(threads)
+    set_torch_threads(threads)
     recipe = Recipe.model_validate_json(recipe_json)
     return sampled_model_headroom(model_dir, build_world(recipe.pgenrm.world), recipe.pgenrm, recipe.seed)
 
 
 def _run_eval_json(recipe_json: str, threads: int) -> dict:
     """`pr-rlhf eval` on one recipe (a Ray task: module-level so that it pickles by reference)."""
-    import torch
 
     from pr_rlhf.eval.runner import run_eval
 
-    torch.set_num_threads(threads)
+    set_torch_threads(threads)
     result = run_eval(Recipe.model_validate_json(recipe_json))
     summary = next(iter(result.report.summaries.values()))
     return {"summary": summary, "predictions": str(result.report.predictions), "seconds": result.seconds}
@@ -81,15 +80,14 @@ def _run_eval_json(recipe_json: str, threads: int) -> dict:
 def _run_planner_eval(model_dir: str, inputs: list, gold: list[list[str]], top_k: int, max_tokens: int,
                       threads: int, seed: int) -> dict:
     """Greedy plans of ``model_dir`` (the Planner reward models use) for ``inputs``; aspect precision / recall
-    (exact (attribute, direction) keys of the synthetic world) with 95% bootstrap CIs over queries, and the parse
-    failures (a Ray task)."""
-    import torch
+    (exact (attribute, direction) keys of the synthetic world) with 95% bootstrap CIs resampling users (a user's
+    queries share their profile), and the parse failures (a Ray task)."""
 
     from pr_rlhf.models import make_engine
     from pr_rlhf.pgenrm.planner_data import aspect_precision_recall, world_aspect_key
     from pr_rlhf.reward.planner import Planner
 
-    torch.set_num_threads(threads)
+    set_torch_threads(threads)
     engine = make_engine(engine_config(backend="hf", model=model_dir))
     try:
         plans = Planner(engine, params=SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=seed)).plan(
@@ -100,7 +98,7 @@ def _run_planner_eval(model_dir: str, inputs: list, gold: list[list[str]], top_k
                        for plan, want in zip(plans, gold)]).reshape(-1, 2)
     out: dict[str, Any] = {"queries": len(gold), "parse_failures": sum(plan.error is not None for plan in plans)}
     for name, values in (("precision", scores[:, 0]), ("recall", scores[:, 1])):
-        low, high = mean_ci(values, seed=seed)
+        low, high = mean_ci(values, seed=seed, clusters=[i.user_id for i in inputs])
         out[name] = {"mean": float(values.mean()), "ci_low": low, "ci_high": high}
     return out
 
@@ -134,15 +132,17 @@ def pair_kinds(hardness: dict[str, str], contested: dict[str, bool] | None = Non
 
 
 def hardness_accuracy(predictions: str, kinds: dict[str, set[str]], seed: int = 0) -> dict[str, dict]:
-    """Accuracy with a 95% bootstrap CI per kind of pair (:func:`pair_kinds`) from an eval's predictions."""
+    """Accuracy with a 95% bootstrap CI (resampling users) per kind of pair (:func:`pair_kinds`) from an eval's
+    predictions."""
     from pr_rlhf.pgenrm.report import correct_by_pair
 
     correct = correct_by_pair(predictions)
     out = {}
     for kind in ("standard", "hard", "contested", "uncontested"):
-        values = np.array([c for pair_id, c in correct.items() if kind in kinds.get(pair_id, ())])
+        pairs = [pair_id for pair_id in correct if kind in kinds.get(pair_id, ())]
+        values = np.array([correct[p] for p in pairs])
         if values.size:
-            low, high = mean_ci(values, seed=seed)
+            low, high = mean_ci(values, seed=seed, clusters=[correct.user(p) for p in pairs])
             out[kind] = {"accuracy": float(values.mean()), "ci_low": low, "ci_high": high, "n": int(values.size)}
     return out
 
@@ -618,7 +618,7 @@ class PGenRMPipeline:
         engine = self.cfg.rollout.model_copy(update={"model": start, "seed": self.recipe.seed})
         rollouts = [spawn_rollout_worker(engine, num_cpus=self.cfg.rollout_num_cpus,
                                          num_gpus=self.cfg.rollout_num_gpus,
-                                         env={"OMP_NUM_THREADS": str(self.cfg.torch_threads)})
+                                         env={"OMP_NUM_THREADS": str(capped_threads(self.cfg.torch_threads))})
                     for _ in range(self.cfg.rollout_workers)]
         rewards = lambda prompts, gens: self.step_rewards(prompts, gens, scfg, start)   # noqa: E731
         try:

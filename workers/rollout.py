@@ -33,9 +33,10 @@ class RolloutWorker:
                              f"not {cfg.backend!r}: weights cannot be pushed to an HTTP server")
         os.environ.update({k: str(v) for k, v in (env or {}).items()})
         if "OMP_NUM_THREADS" in (env or {}):   # torch is imported already: the variable alone would not apply
-            import torch
 
-            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+            from pr_rlhf.threads import set_torch_threads
+
+            set_torch_threads(int(env["OMP_NUM_THREADS"]))
         if cfg.backend == "vllm" and not cfg.device.startswith("cuda"):
             # In-place reload needs the engine in this process (vLLM's default spawns an engine-core process).
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

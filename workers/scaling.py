@@ -2,7 +2,8 @@
 
 The task loads the GenRM and the embedder once, builds (or loads) the user prototypes from the seen users'
 persona texts, gathers each evaluated pair's evidence once for the largest (m, n) of the grid, and reads every grid
-point from it. Writes ``<out>/prototypes/`` (artifacts), ``<out>/scaling_grid.{md,json,png}`` and one mlflow run.
+point from it. Writes ``<out>/prototypes/`` (artifacts), ``<out>/scaling_grid.{md,json,png}``, every pair's outcome
+per point with its user (``scaling_grid_pairs.json``, to re-analyse) and one mlflow run.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from pr_rlhf.configs.recipe import Recipe
 from pr_rlhf.configs.scaling import ScalingEvalConfig
+from pr_rlhf.threads import set_torch_threads
 
 
 def build_prototypes(cfg: ScalingEvalConfig, engine: Any, embedder: Any, seed: int, out: Path,
@@ -85,18 +87,20 @@ def user_history_embeddings(users: list[str], histories: dict[str, list[dict]], 
             for u, size, end in zip(users, sizes, ends)]
 
 
+PAIRS_FILE = "scaling_grid_pairs.json"   # per (m, n): every pair's outcome with its user
+
+
 def run_grid(cfg_json: str, seed: int, threads: int) -> dict[str, Any]:
     """The whole grid in this process (a Ray task): both user groups, one engine, one embedder."""
-    import torch
     from tqdm import tqdm
 
     from pr_rlhf.configs.base import engine_config
     from pr_rlhf.models import make_engine
     from pr_rlhf.models.embedders import make_embedder
-    from pr_rlhf.scaling.grid import GROUPS, grid_rows, group_inputs
+    from pr_rlhf.scaling.grid import GROUPS, grid_rows, group_inputs, pair_records
     from pr_rlhf.scaling.scorer import ScaledJudge, failure_counts
 
-    torch.set_num_threads(threads)
+    set_torch_threads(threads)
     cfg = ScalingEvalConfig.model_validate_json(cfg_json)
     out = Path(cfg.out)
     engine = make_engine(engine_config(backend="hf", model=cfg.model, seed=seed))
@@ -114,7 +118,7 @@ def run_grid(cfg_json: str, seed: int, threads: int) -> dict[str, Any]:
         profiles = profile_vectors(profile_posts(cfg.shards), embedder)
     judge = ScaledJudge(engine, cfg.scaling.model_copy(update={"m": big_m, "n": big_n}), seed=seed,
                         index=index, embedder=embedder, histories=histories, profiles=profiles)
-    rows, failures, seconds = [], {}, {}
+    rows, failures, seconds, pairs = [], {}, {}, {}
     for group in GROUPS:
         inputs = group_inputs(cfg, group, seed)
         t0 = time.perf_counter()
@@ -125,10 +129,13 @@ def run_grid(cfg_json: str, seed: int, threads: int) -> dict[str, Any]:
         failures[group] = failure_counts(evidence)
         rows += grid_rows(group, evidence, cfg.points, cfg.scaling.self_weight, cfg.scaling.neighbour_weight,
                           cfg.n_bootstrap, seed, cfg.scaling.certainty_weighting)
+        for point, records in pair_records(group, evidence, cfg.points, cfg.scaling.self_weight,
+                                           cfg.scaling.neighbour_weight, cfg.scaling.certainty_weighting).items():
+            pairs.setdefault(point, []).extend(records)
     engine.close()
     info.update({"placement": cfg.scaling.prototypes.placement,
                  "certainty_weighting": cfg.scaling.certainty_weighting})
-    return {"rows": [r.as_dict() for r in rows], "failures": failures, "seconds": seconds, **info}
+    return {"rows": [r.as_dict() for r in rows], "failures": failures, "seconds": seconds, "pairs": pairs, **info}
 
 
 def run_scaling(recipe: Recipe, address: str | None = None, log: Any = print) -> dict[str, Any]:
@@ -157,7 +164,8 @@ def run_scaling(recipe: Recipe, address: str | None = None, log: Any = print) ->
             "cold": {k: v.as_dict() for k, v in reference_accuracies(
                 world, cfg.cold_history_pairs, users="cold_start", splits=("test",)).items()}}
     rows = [GridRow(**r) for r in result["rows"]]
-    extra = {k: v for k, v in result.items() if k not in ("rows", "failures")}
+    (out / PAIRS_FILE).write_text(json.dumps(result["pairs"], separators=(",", ":")) + "\n")
+    extra = {k: v for k, v in result.items() if k not in ("rows", "failures", "pairs")}
     md, png = write_grid_report(out, rows, refs, result["failures"], extra)
     tracker = make_tracker(recipe.tracking, out, f"{recipe.name}/scaling", tags={"stage": "scaling"})
     with tracker:

@@ -1,5 +1,5 @@
 """Best-of-k curves from scored pools: per k, the mean over prompts of each prompt's exact expected best-of-k
-quality (``estimator.expected_best_of_k``) with a 95% bootstrap CI over prompts, per subset and overall; a PNG
+quality (``estimator.expected_best_of_k``) with a 95% bootstrap CI resampling users, per subset and overall; a PNG
 plot; the rows that mlflow logs as ``bon/best_of_<k>``."""
 from __future__ import annotations
 
@@ -16,12 +16,14 @@ from pr_rlhf.stats import mean_ci
 
 @dataclass(frozen=True)
 class ScoredPool:
-    """One prompt's N samples: the RM's scores and the downstream quality of each (same order)."""
+    """One prompt's N samples: the RM's scores and the downstream quality of each (same order), and the user who
+    asked (the CI's unit: a user's prompts share one taste)."""
 
     prompt_id: str
     subset: str
     scores: tuple[float, ...]
     quality: tuple[float, ...]
+    user_id: str
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ def curve(pools: Sequence[ScoredPool], ks: Sequence[int] | None = None, n_bootst
         for k in ks:
             values = np.array([expected_best_of_k(p.scores, p.quality, k) for p in members])
             first = np.array([first_k_quality(p.scores, p.quality, k) for p in members])
-            low, high = mean_ci(values, n_bootstrap=n_bootstrap, seed=seed)
+            low, high = mean_ci(values, n_bootstrap=n_bootstrap, seed=seed, clusters=[p.user_id for p in members])
             out.append(CurvePoint(subset, int(k), float(values.mean()), low, high, len(members),
                                   float(first.mean())))
     return out

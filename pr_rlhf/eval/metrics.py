@@ -15,8 +15,11 @@ and are also reported separately, failures by kind. Use the constructors :meth:`
 validates that the three agree.
 
 **Both-order judging**: a pair judged twice, once per slot order, gives two records with the same pair and
-``order`` 0 and 1. Accuracy is then the mean over all verdicts, and the bootstrap resamples *pairs* with both their
-verdicts (a cluster bootstrap, ``pr_rlhf.stats``), since the two verdicts of a pair are not independent.
+``order`` 0 and 1. Accuracy is then the mean over all verdicts.
+
+**The bootstrap unit is the user** (a cluster bootstrap, ``pr_rlhf.stats``): every CI resamples users with all
+their verdicts, since a user's pairs share one history (and both verdicts of a pair share everything), so they are
+not independent.
 
 :func:`summarize` turns the records of one (mode, inputs) group into a JSON-ready dict (schema in its docstring);
 :func:`summarize_groups` does it for every group. Everything is seeded and deterministic: the same records and
@@ -141,8 +144,13 @@ class Prediction:
         return group_key(self.mode, self.inputs)
 
     @property
-    def cluster(self) -> tuple[str, str, str]:
-        """The bootstrap unit: one pair of one user (both-order verdicts share it)."""
+    def cluster(self) -> tuple[str, str]:
+        """The bootstrap unit: one user (identified within its subset), with every verdict on their pairs."""
+        return (self.subset, self.user_id)
+
+    @property
+    def pair_key(self) -> tuple[str, str, str]:
+        """One pair of one user (both-order verdicts share it)."""
         return (self.subset, self.user_id, self.pair_id)
 
     def as_dict(self) -> dict[str, Any]:
@@ -190,14 +198,16 @@ def _sorted(preds: Iterable[Prediction]) -> list[Prediction]:
     return sorted(preds, key=lambda p: (p.subset, p.user_id, p.pair_id, p.order))
 
 
-def _accuracy_block(correct: np.ndarray, cid: np.ndarray, n_bootstrap: int, seed: int, *names: str) -> dict:
+def _accuracy_block(correct: np.ndarray, users: np.ndarray, pairs: np.ndarray, n_bootstrap: int, seed: int,
+                    *names: str) -> dict:
+    """Accuracy with its CI resampling users (``users``, ``pairs``: dense ids per verdict)."""
     if len(correct) == 0:
-        return {"accuracy": None, "ci_low": None, "ci_high": None, "n": 0, "n_pairs": 0}
+        return {"accuracy": None, "ci_low": None, "ci_high": None, "n": 0, "n_pairs": 0, "n_users": 0}
     # re-densify the cluster ids of this subset of items
-    _, local = np.unique(cid, return_inverse=True)
+    _, local = np.unique(users, return_inverse=True)
     lo, hi = bootstrap_ci(correct, seeded_rng(seed, *names), n_bootstrap, clusters=local)
     return {"accuracy": float(correct.mean()), "ci_low": _none_if_nan(lo), "ci_high": _none_if_nan(hi),
-            "n": len(correct), "n_pairs": int(local.max()) + 1}
+            "n": len(correct), "n_pairs": len(np.unique(pairs)), "n_users": int(local.max()) + 1}
 
 
 def summarize(preds: Iterable[Prediction], n_bootstrap: int = 1000, seed: int = 0) -> dict[str, Any]:
@@ -206,15 +216,16 @@ def summarize(preds: Iterable[Prediction], n_bootstrap: int = 1000, seed: int = 
     Keys:
 
     - ``mode``, ``inputs``, ``group``
-    - ``accuracy``, ``ci_low``, ``ci_high`` (95% percentile bootstrap over pairs, both verdicts of a pair together),
-      ``n`` (verdicts), ``n_pairs``, ``n_users``, ``n_correct``, ``n_bootstrap``, ``seed``
+    - ``accuracy``, ``ci_low``, ``ci_high`` (95% percentile bootstrap resampling users with all their verdicts),
+      ``n`` (verdicts), ``n_pairs``, ``n_users``, ``n_correct``, ``n_bootstrap``, ``seed``, ``ci_unit`` ("user")
     - ``ties``, ``tie_rate``, ``failures``, ``failure_rate``, ``failures_by_kind`` {kind: {count, rate}}
       (rates over all verdicts; ties and failures are counted wrong in ``accuracy``)
     - ``accuracy_chosen_a``, ``accuracy_chosen_b``, ``n_chosen_a``, ``n_chosen_b``, ``position_bias``
       (|acc_A - acc_B|), ``predicted_a_rate`` (share of valid slot verdicts naming A) — pairwise only
     - ``mean_score_chosen``, ``mean_score_rejected``, ``mean_margin``, ``n_scored`` — over verdicts with both
       scores finite (pointwise; pairwise when the judge emits scores)
-    - ``subsets`` {subset: {accuracy, ci_low, ci_high, n, n_pairs}}, ``subset_macro_accuracy`` (mean over subsets)
+    - ``subsets`` {subset: {accuracy, ci_low, ci_high, n, n_pairs, n_users}}, ``subset_macro_accuracy`` (mean
+      over subsets)
     - ``user_macro_accuracy`` (mean over users of each user's accuracy)
     - ``both_orders`` (True when some pair was judged in both orders) and then ``n_pairs_both_orders``,
       ``consistency_rate`` (pairs whose two verdicts are both valid and pick the same answer, over pairs judged in
@@ -232,7 +243,7 @@ def summarize(preds: Iterable[Prediction], n_bootstrap: int = 1000, seed: int = 
                          f"use summarize_groups")
     seen: set = set()
     for p in preds:
-        key = (p.cluster, p.order)
+        key = (p.pair_key, p.order)
         if key in seen:
             raise ValueError(f"summarize: duplicate verdict for pair {p.pair_id!r} (user {p.user_id!r}, "
                              f"subset {p.subset!r}, order {p.order})")
@@ -244,14 +255,15 @@ def summarize(preds: Iterable[Prediction], n_bootstrap: int = 1000, seed: int = 
     tie = np.array([p.tie for p in preds], dtype=bool)
     failed = np.array([p.error is not None for p in preds], dtype=bool)
     cid = cluster_ids([p.cluster for p in preds])
+    pid = cluster_ids([p.pair_key for p in preds])
     group = group_key(mode, inputs)
-    overall = _accuracy_block(correct, cid, n_bootstrap, seed, group, "overall")
+    overall = _accuracy_block(correct, cid, pid, n_bootstrap, seed, group, "overall")
 
     out: dict[str, Any] = {
         "mode": mode, "inputs": inputs, "group": group,
         "accuracy": overall["accuracy"], "ci_low": overall["ci_low"], "ci_high": overall["ci_high"],
-        "ci_level": CI_LEVEL, "n": n, "n_pairs": overall["n_pairs"],
-        "n_users": len({(p.subset, p.user_id) for p in preds}), "n_correct": int(correct.sum()),
+        "ci_level": CI_LEVEL, "ci_unit": "user", "n": n, "n_pairs": overall["n_pairs"],
+        "n_users": overall["n_users"], "n_correct": int(correct.sum()),
         "n_bootstrap": int(n_bootstrap), "seed": int(seed),
         "ties": int(tie.sum()), "tie_rate": float(tie.mean()),
         "failures": int(failed.sum()), "failure_rate": float(failed.mean()),
@@ -287,7 +299,7 @@ def summarize(preds: Iterable[Prediction], n_bootstrap: int = 1000, seed: int = 
     subset_arr = np.array([p.subset for p in preds])
     for name in sorted(set(subset_arr.tolist())):
         m = subset_arr == name
-        subsets[name] = _accuracy_block(correct[m], cid[m], n_bootstrap, seed, group, "subset", name)
+        subsets[name] = _accuracy_block(correct[m], cid[m], pid[m], n_bootstrap, seed, group, "subset", name)
     out["subsets"] = subsets
     out["subset_macro_accuracy"] = float(np.mean([s["accuracy"] for s in subsets.values()]))
 
@@ -300,7 +312,7 @@ def summarize(preds: Iterable[Prediction], n_bootstrap: int = 1000, seed: int = 
     # both-order consistency
     by_pair: dict[tuple, dict[int, Prediction]] = {}
     for p in preds:
-        by_pair.setdefault(p.cluster, {})[p.order] = p
+        by_pair.setdefault(p.pair_key, {})[p.order] = p
     both = [v for v in by_pair.values() if len(v) == 2]
     out["both_orders"] = bool(both)
     if both:

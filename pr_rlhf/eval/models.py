@@ -36,7 +36,8 @@ def write_models_report(run_dir: str | Path, rows: list[dict], floor_name: str, 
     run_dir = Path(run_dir)
     lines = [f"# {title}", "",
              f"Each model's cells on the same pairs; the last column is the paired difference from `{floor_name}`'s "
-             "cell of the same mode and inputs (95% bootstrap CI over pairs). Unparsed verdicts count as wrong.", "",
+             "cell of the same mode and inputs (95% bootstrap CI resampling users). Unparsed verdicts count as "
+             "wrong.", "",
              "| model | mode/inputs | n | accuracy % [95% CI] | unparsed | vs " + floor_name + " (points) |",
              "|---|---|---|---|---|---|"]
     for r in rows:

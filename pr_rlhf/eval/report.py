@@ -73,32 +73,74 @@ def read_predictions(path: str | Path) -> list[Prediction]:
     return [Prediction.from_dict(row) for row in pq.read_table(path).to_pylist()]
 
 
-def correct_by_cell(predictions: str | Path) -> dict[str, dict[str, float]]:
-    """(mode/inputs) -> pair id -> 1.0 / 0.0 from an eval's predictions parquet (a pair's last verdict)."""
-    cells: dict[str, dict[str, float]] = {}
-    for r in pq.read_table(predictions, columns=["mode", "inputs", "pair_id", "correct"]).to_pylist():
-        cells.setdefault(group_key(r["mode"], r["inputs"]), {})[r["pair_id"]] = float(r["correct"])
-    return cells
+class PairOutcomes(Mapping[str, float]):
+    """pair id -> 1.0 / 0.0 (a pair's last verdict), with each pair's user: the unit every CI resamples. Reads as
+    the plain mapping of outcomes; ``user(pair_id)`` names the cluster."""
+
+    def __init__(self, correct: Mapping[str, float], users: Mapping[str, str]):
+        missing = [p for p in correct if p not in users]
+        if missing:
+            raise ValueError(f"pair outcomes without a user: {missing[:5]}")
+        self._correct, self._users = dict(correct), {p: str(users[p]) for p in correct}
+
+    def __getitem__(self, pair_id: str) -> float:
+        return self._correct[pair_id]
+
+    def __iter__(self):
+        return iter(self._correct)
+
+    def __len__(self) -> int:
+        return len(self._correct)
+
+    def user(self, pair_id: str) -> str:
+        return self._users[pair_id]
+
+    @property
+    def users(self) -> dict[str, str]:
+        return dict(self._users)
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Mapping[str, Any]]) -> PairOutcomes:
+        """From prediction rows (``pair_id``, ``user_id``, ``correct``; a later verdict of a pair wins)."""
+        correct, users = {}, {}
+        for r in rows:
+            correct[r["pair_id"]], users[r["pair_id"]] = float(r["correct"]), r["user_id"]
+        return cls(correct, users)
 
 
-def correct_by_pair(predictions: str | Path) -> dict[str, float]:
-    """pair id -> 1.0 / 0.0 from an eval's predictions parquet of one cell (one verdict per pair);
+def correct_by_cell(predictions: str | Path) -> dict[str, PairOutcomes]:
+    """(mode/inputs) -> :class:`PairOutcomes` from an eval's predictions parquet (a pair's last verdict)."""
+    rows: dict[str, list[dict]] = {}
+    for r in pq.read_table(predictions, columns=["mode", "inputs", "pair_id", "user_id", "correct"]).to_pylist():
+        rows.setdefault(group_key(r["mode"], r["inputs"]), []).append(r)
+    return {cell: PairOutcomes.from_rows(cell_rows) for cell, cell_rows in rows.items()}
+
+
+def correct_by_pair(predictions: str | Path) -> PairOutcomes:
+    """:class:`PairOutcomes` from an eval's predictions parquet of one cell (one verdict per pair);
     :func:`correct_by_cell` for a file of several cells."""
-    return {r["pair_id"]: float(r["correct"]) for r in pq.read_table(predictions, columns=["pair_id", "correct"])
-            .to_pylist()}
+    return PairOutcomes.from_rows(pq.read_table(predictions, columns=["pair_id", "user_id", "correct"]).to_pylist())
 
 
-def paired_gain(new: dict[str, float], old: dict[str, float], seed: int = 0,
+def paired_gain(new: PairOutcomes, old: PairOutcomes, seed: int = 0,
                 only: set[str] | None = None) -> dict[str, float]:
     """Mean over the shared pairs (those in ``only`` when given) of (new correct - old correct), with a 95%
-    bootstrap CI over pairs, and the number of pairs whose verdict changed."""
+    bootstrap CI resampling users (a user's pairs together), the number of pairs whose verdict changed and the
+    number of users they sit in."""
     shared = sorted((set(new) & set(old)) if only is None else (set(new) & set(old) & only))
     if not shared:
-        return {"gain": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "pairs": 0, "changed": 0}
+        return {"gain": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "pairs": 0, "users": 0,
+                "changed": 0, "changed_users": 0}
+    clash = [p for p in shared if new.user(p) != old.user(p)]
+    if clash:
+        raise ValueError(f"paired_gain: pair {clash[0]!r} belongs to user {new.user(clash[0])!r} in one result "
+                         f"and {old.user(clash[0])!r} in the other: not the same pairs")
+    users = [new.user(p) for p in shared]
     gain, low, high = paired_difference_ci(np.array([new[p] for p in shared]), np.array([old[p] for p in shared]),
-                                           seed=seed)
-    return {"gain": gain, "ci_low": low, "ci_high": high, "pairs": len(shared),
-            "changed": int(sum(new[p] != old[p] for p in shared))}
+                                           clusters=users, seed=seed)
+    changed = [p for p in shared if new[p] != old[p]]
+    return {"gain": gain, "ci_low": low, "ci_high": high, "pairs": len(shared), "users": len(set(users)),
+            "changed": len(changed), "changed_users": len({new.user(p) for p in changed})}
 
 
 def fmt_paired_gain(g: Mapping[str, Any] | None, with_changed: bool = False) -> str:
@@ -227,7 +269,7 @@ def markdown_table(summaries: Mapping[str, dict], references: Mapping[str, Any] 
         lines.append("| " + " | ".join(row) + " |")
     first = next(iter(summaries.values()), None)
     lines += ["", "Accuracy in %. Ties and failures (parse / engine errors) count as wrong and are also listed "
-                  "separately. 95% percentile bootstrap CI over pairs (both verdicts of a pair resampled together"
+                  "separately. 95% percentile bootstrap CI resampling users (all verdicts of a user together"
               + (f"; {first['n_bootstrap']} resamples, seed {first['seed']}" if first else "") + "). "
               "acc A / acc B: accuracy when the chosen answer is in slot A / B; bias = |acc A - acc B|. "
               "Subset macro: mean of per-subset accuracies; user macro: mean of per-user accuracies; "

@@ -32,6 +32,7 @@ import numpy as np
 from pr_rlhf.configs.pgenrm import PGenRMConfig
 from pr_rlhf.pgenrm.oracle_chain import TeacherRule, oracle_chain, teacher_types, vote_type
 from pr_rlhf.pgenrm.psi_data import candidate_decisions, is_contested
+from pr_rlhf.stats import paired_difference_ci
 from pr_rlhf.world.generator import World, WorldPair
 from pr_rlhf.world.reference import WorldPrior
 
@@ -94,6 +95,18 @@ def _split_means(values: np.ndarray, contested: np.ndarray) -> dict[str, float |
     return {"all": mean(np.ones_like(contested)), "contested": mean(contested), "rest": mean(~contested)}
 
 
+def _paired_gain_split(new: np.ndarray, old: np.ndarray, contested: np.ndarray, users: list[str],
+                       seed: int = 0) -> dict[str, dict[str, float]]:
+    """new - old with its 95% CI resampling users, on all pairs and on the contested ones."""
+    out = {}
+    for name, mask in (("all", np.ones_like(contested)), ("contested", contested)):
+        if mask.any():
+            gain, low, high = paired_difference_ci(new[mask], old[mask], seed=seed,
+                                                   clusters=[u for u, m in zip(users, mask) if m])
+            out[name] = {"gain": gain, "ci_low": low, "ci_high": high}
+    return out
+
+
 def _mean_or_zero(values: np.ndarray) -> float:
     return float(values.mean()) if values.size else 0.0
 
@@ -141,6 +154,9 @@ def offline_headroom(world: World, teacher: TeacherRule, history_size: int = 3, 
             "teachers": {d: _split_means(v, contested) for d, v in per_design.items()},
             # pairs where the teacher can decide otherwise than the best rule (its expected accuracy differs)
             "teacher_differs_share": {d: float(np.mean(np.abs(v - rule) > 1e-9)) for d, v in per_design.items()},
+            # what RL could gain over the recipe's teacher, with its CI over users
+            "rule_minus_teacher": _paired_gain_split(rule, per_design[teacher], contested,
+                                                     [it.pair.user_id for it in items]),
             "candidate_roles": candidate_roles(world, prior, items),
         }
     seen = out["groups"]["seen"]
@@ -341,6 +357,10 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}"
 
 
+def _gain_ci(g: dict[str, float]) -> str:
+    return f"{100 * g['gain']:+.1f} [{100 * g['ci_low']:+.1f}, {100 * g['ci_high']:+.1f}]"
+
+
 def headroom_markdown(offline: dict[str, Any], model: dict[str, Any] | None = None) -> str:
     """The headroom check as markdown: the offline designs per group, the gate's verdict, and the model part."""
     lines = [f"### Headroom (teacher: {offline['teacher']})", "",
@@ -356,6 +376,11 @@ def headroom_markdown(offline: dict[str, Any], model: dict[str, Any] | None = No
                          f"{_pct(g['bayes']['contested'])} | {_pct(g['contested_share'])} | "
                          f"{_pct(g['teacher_differs_share'][design])} | "
                          f"{'' if verdict is None else 'go' if verdict else 'no go'} |")
+    gains = [(group, g["rule_minus_teacher"]) for group, g in offline["groups"].items() if g.get("rule_minus_teacher")]
+    if gains:
+        lines += ["", f"Best rule - {offline['teacher']} teacher, points [95% CI resampling users]: " + "; ".join(
+            f"{group} {_gain_ci(r['all'])} (contested {_gain_ci(r['contested']) if 'contested' in r else '-'})"
+            for group, r in gains) + "."]
     pool = offline.get("grpo_pool")
     if pool:
         lines += ["", f"GRPO prompt pool: {pool['prompts']} prompts; the teacher's own accuracy there "

@@ -1,6 +1,6 @@
 """The report of an RL sweep (``pr-rlhf rl-sweep``): one RL run per reward arm, all on the same prompts, steps and
 seed, compared on one downstream judge. Per arm: the downstream value of its policy's held-out answers at the last
-evaluation (95% bootstrap CI over prompts), its paired difference from the baseline arm, overall and per
+evaluation (95% bootstrap CI resampling users), its paired difference from the baseline arm, overall and per
 population-agreement group (:func:`pr_rlhf.rl.compare.compare_runs`), its rise from step 0, and the benchmark
 accuracy of its reward (for the validity table, written by the caller)."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from pr_rlhf.report_files import ReportFiles, new_figure, write_report_files
-from pr_rlhf.rl.compare import DOWNSTREAM, agreement_groups, compare_runs
+from pr_rlhf.rl.compare import DOWNSTREAM, agreement_groups, compare_runs, heldout_users
 from pr_rlhf.stats import mean_ci, paired_difference_ci
 
 
@@ -28,8 +28,10 @@ def arm_row(run_dir: Path, baseline_dir: Path, groups: dict[str, list[int]] | No
     if DOWNSTREAM not in last:
         raise KeyError(f"{run_dir}/history.json: no downstream values (the sweep needs train.downstream)")
     values = np.asarray(last[DOWNSTREAM], dtype=float)
-    low, high = mean_ci(values, seed=seed)
-    rise, rise_low, rise_high = paired_difference_ci(values, np.asarray(first[DOWNSTREAM], dtype=float), seed=seed)
+    users = heldout_users(run_dir, len(values))
+    low, high = mean_ci(values, seed=seed, clusters=users)
+    rise, rise_low, rise_high = paired_difference_ci(values, np.asarray(first[DOWNSTREAM], dtype=float),
+                                                     clusters=users, seed=seed)
     row: dict[str, Any] = {"run": str(run_dir), "step": last["step"], "prompts": len(values),
                            "downstream": float(values.mean()), "ci_low": low, "ci_high": high,
                            "rise": {"gain": rise, "ci_low": rise_low, "ci_high": rise_high}}

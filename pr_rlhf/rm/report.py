@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from pr_rlhf.eval.report import (
+    PairOutcomes,
     accuracy_figure,
     correct_by_pair,
     fmt_accuracy_ci,
@@ -39,9 +40,10 @@ def user_groups(shards: str | Path, predictions: str | Path) -> dict[str, set[st
     return {name: ids for name, ids in groups.items() if ids}
 
 
-def _group_accuracy(correct: dict[str, float], ids: set[str], seed: int) -> dict:
-    values = np.array([correct[p] for p in sorted(ids & set(correct))])
-    low, high = mean_ci(values, seed=seed)
+def _group_accuracy(correct: PairOutcomes, ids: set[str], seed: int) -> dict:
+    pairs = sorted(ids & set(correct))
+    values = np.array([correct[p] for p in pairs])
+    low, high = mean_ci(values, seed=seed, clusters=[correct.user(p) for p in pairs])
     return {"n": int(values.size), "accuracy": float(values.mean()) if values.size else float("nan"),
             "ci_low": low, "ci_high": high}
 
@@ -83,6 +85,7 @@ def markdown(rows: list[dict], references: Mapping[str, Any], title: str) -> str
                         for g in (r["groups"][name] for name in groups))
         lines.append(f"| {MODE_NAMES.get(r['mode'], r['mode'])} | {r['n']} | {fmt_accuracy_ci(r)} | {_gain(r)} | "
                      f"{r['failures']} |{cells}")
+    lines += ["", "95% CIs resample users (a user's pairs together), the paired gains too."]
     refs = normalize_references(references)
     if refs:
         lines += ["", "World references on the same shards: " + ", ".join(

@@ -78,22 +78,41 @@ class GridRow:
         return dict(self.__dict__)
 
 
+def point_outcomes(evidence: Sequence[Evidence], m: int, n: int, self_weight: float, neighbour_weight: float,
+                   certainty_weighting: bool = False) -> tuple[np.ndarray, list]:
+    """1 / 0 per pair at the point (m, n), and the decisions."""
+    decisions = [decide(ev, m, n, self_weight, neighbour_weight, certainty_weighting) for ev in evidence]
+    return np.array([d.correct(ev.chosen_slot) for d, ev in zip(decisions, evidence)], dtype=float), decisions
+
+
+def pair_records(group: str, evidence: Sequence[Evidence], points: Sequence[tuple[int, int]], self_weight: float,
+                 neighbour_weight: float, certainty_weighting: bool = False) -> dict[str, list[dict]]:
+    """``"m_n"`` -> one record per pair (pair, user, group, correct): what a reader needs to re-analyse the grid."""
+    out = {}
+    for m, n in points:
+        correct, _ = point_outcomes(evidence, m, n, self_weight, neighbour_weight, certainty_weighting)
+        out[f"{m}_{n}"] = [{"pair_id": ev.pair_id, "user_id": ev.user_id, "group": group, "correct": float(c)}
+                           for ev, c in zip(evidence, correct)]
+    return out
+
+
 def grid_rows(group: str, evidence: Sequence[Evidence], points: Sequence[tuple[int, int]], self_weight: float,
               neighbour_weight: float, n_bootstrap: int = 1000, seed: int = 0,
               certainty_weighting: bool = False) -> list[GridRow]:
-    """Accuracy (ties and pairs without a valid chain count as wrong) with a 95% bootstrap CI per point."""
+    """Accuracy (ties and pairs without a valid chain count as wrong) with a 95% bootstrap CI per point, both CIs
+    resampling users (a user's pairs share their history and their neighbours)."""
     rows = []
+    users = [ev.user_id for ev in evidence]
 
     def correct_at(m: int, n: int) -> tuple[np.ndarray, list]:
-        decisions = [decide(ev, m, n, self_weight, neighbour_weight, certainty_weighting) for ev in evidence]
-        return np.array([d.correct(ev.chosen_slot) for d, ev in zip(decisions, evidence)], dtype=float), decisions
+        return point_outcomes(evidence, m, n, self_weight, neighbour_weight, certainty_weighting)
     base = correct_at(0, 0)[0] if (0, 0) in [tuple(p) for p in points] and evidence else None
     for m, n in points:
         correct, decisions = correct_at(m, n)
-        low, high = mean_ci(correct, n_bootstrap=n_bootstrap, seed=seed)
+        low, high = mean_ci(correct, n_bootstrap=n_bootstrap, seed=seed, clusters=users)
         gain = (None, None, None)
         if base is not None and (m, n) != (0, 0):
-            gain = paired_difference_ci(correct, base, n_bootstrap=n_bootstrap, seed=seed)
+            gain = paired_difference_ci(correct, base, clusters=users, n_bootstrap=n_bootstrap, seed=seed)
         rows.append(GridRow(group, m, n, float(correct.mean()) if correct.size else float("nan"), low, high,
                             len(evidence), sum(d.predicted is None for d in decisions), *gain))
     return rows

@@ -13,7 +13,8 @@ For each held-out pair of a user, given the user's first ``h`` history (train) p
 
 A prediction scores 1 when it picks the chosen answer, 0 when it picks the rejected one and 0.5 on an exact tie
 (the expected score of a coin flip; a per-user LR ties on pairs that differ only in attributes its history never
-varied). Each accuracy comes with a 95% percentile-bootstrap CI over pairs.
+varied). Each accuracy comes with a 95% percentile-bootstrap CI resampling users (a user's pairs share one
+history, so they are not independent).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from typing import Literal
 import numpy as np
 from scipy.special import log_ndtr, ndtr
 
-from pr_rlhf.stats import bootstrap_ci
+from pr_rlhf.stats import bootstrap_ci, cluster_ids
 from pr_rlhf.world.generator import World, stream
 
 REFERENCES = ("oracle", "logistic_regression", "no_history", "true_weights")
@@ -154,21 +155,25 @@ def held_out_by_user(world: World, users: UserGroup, splits: tuple[str, ...]):
 def reference_scores(world: World, history_size: int = 3, *, users: UserGroup = "seen",
                      splits: tuple[str, ...] = ("val", "test"), n_samples: int | None = None,
                      lr_c: float = 10.0, predictors: tuple[str, ...] = REFERENCES) -> dict[str, np.ndarray]:
-    """Per-pair scores (1 / 0.5 / 0) of each reference predictor, pairs in world order; plus ``pair_ids``."""
+    """Per-pair scores (1 / 0.5 / 0) of each reference predictor, pairs in world order; plus ``pair_ids`` and
+    ``user_ids``."""
     unknown = set(predictors) - set(REFERENCES)
     if unknown:
         raise ValueError(f"unknown reference predictors {sorted(unknown)}; known: {REFERENCES}")
     prior = WorldPrior.of(world, n_samples)
     out: dict[str, list] = {name: [] for name in predictors}
     pair_ids: list[str] = []
+    user_ids: list[str] = []
     for user, held_out in held_out_by_user(world, users, splits):
         hist = history_diffs(world, user.user_id, history_size)
         query = np.array([p.differing for p in held_out])
         for name in predictors:
             out[name].append(_score(_predict(name, prior, hist, query, user.weights, lr_c)))
         pair_ids.extend(p.pair_id for p in held_out)
+        user_ids.extend(user.user_id for _ in held_out)
     scores = {k: np.concatenate(v) if v else np.zeros(0) for k, v in out.items()}
     scores["pair_ids"] = np.array(pair_ids, dtype=object)
+    scores["user_ids"] = np.array(user_ids, dtype=object)
     return scores
 
 
@@ -181,9 +186,10 @@ def reference_accuracies(world: World, history_size: int = 3, *, users: UserGrou
         return world._reference_cache[key]
     scores = reference_scores(world, history_size, users=users, splits=splits, n_samples=n_samples, lr_c=lr_c)
     result = {}
+    users = cluster_ids(scores["user_ids"])
     for name in REFERENCES:
         s = scores[name]
-        lo, hi = bootstrap_ci(s, stream(world.config.seed, "bootstrap"), n_boot)
+        lo, hi = bootstrap_ci(s, stream(world.config.seed, "bootstrap"), n_boot, clusters=users if len(s) else None)
         result[name] = Estimate(float(s.mean()) if len(s) else float("nan"), lo, hi, len(s))
     world._reference_cache[key] = result
     return result
@@ -209,12 +215,15 @@ def estimate_accuracy(world: World, predictor: str, history_size: int = 3, *, us
     posterior preference probability, and may differ from the reference by a little."""
     prior = WorldPrior.of(world)
     scores: list[float] = []
+    user_ids: list[str] = []
     for user, held_out in held_out_by_user(world, users, splits):
         w = estimated_weights(world, user.user_id, predictor, history_size, prior=prior, lr_c=lr_c)
         margins = np.array([p.differing for p in held_out]) @ w
         scores += _score(0.5 + 0.5 * np.sign(margins)).tolist()
+        user_ids += [user.user_id] * len(held_out)
     s = np.asarray(scores)
-    lo, hi = bootstrap_ci(s, stream(world.config.seed, "bootstrap"), n_boot)
+    lo, hi = bootstrap_ci(s, stream(world.config.seed, "bootstrap"), n_boot,
+                          clusters=cluster_ids(user_ids) if user_ids else None)
     return Estimate(float(s.mean()) if len(s) else float("nan"), lo, hi, len(s))
 
 

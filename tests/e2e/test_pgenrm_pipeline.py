@@ -75,13 +75,15 @@ def test_paired_gain_and_report_from_stage_results(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from pr_rlhf.eval.report import PairOutcomes
     from pr_rlhf.pgenrm.report import paired_gain, write_ablation_report
 
-    old = {f"p{i}": float(i % 2) for i in range(200)}                 # 50% correct
-    new = {f"p{i}": 1.0 if i % 4 else old[f"p{i}"] for i in range(200)}  # strictly better on 50 pairs
+    users = {f"p{i}": f"u{i // 2}" for i in range(200)}
+    old = PairOutcomes({f"p{i}": float(i % 2) for i in range(200)}, users)                  # 50% correct
+    new = PairOutcomes({f"p{i}": 1.0 if i % 4 else old[f"p{i}"] for i in range(200)}, users)  # better on 50 pairs
     gain = paired_gain(new, old)
     assert gain["gain"] == pytest.approx(np.mean([new[p] - old[p] for p in old])) and gain["ci_low"] > 0
-    assert paired_gain({}, old)["pairs"] == 0
+    assert gain["users"] == 100 and paired_gain(PairOutcomes({}, {}), old)["pairs"] == 0
 
     def stage(name: str, correct: dict) -> None:
         d = tmp_path / name
@@ -89,7 +91,8 @@ def test_paired_gain_and_report_from_stage_results(tmp_path):
         for group in ("seen", "cold"):
             path = d / f"eval_{group}" / "predictions.parquet"
             path.parent.mkdir(parents=True)
-            pq.write_table(pa.table({"pair_id": list(correct), "correct": [bool(v) for v in correct.values()]}), path)
+            pq.write_table(pa.table({"pair_id": list(correct), "user_id": [users[p] for p in correct],
+                                     "correct": [bool(v) for v in correct.values()]}), path)
             acc = float(np.mean(list(correct.values())))
             result[group] = {"summary": {"accuracy": acc, "ci_low": acc - 0.05, "ci_high": acc + 0.05, "n": 200,
                                          "failures": 3, "failure_rate": 0.015},
@@ -129,7 +132,7 @@ def test_paired_gain_and_report_from_stage_results(tmp_path):
 
     moved = tmp_path.parent / f"{tmp_path.name}_moved"
     shutil.copytree(tmp_path, moved)
-    pq.write_table(pa.table({"pair_id": list(old), "correct": [False] * len(old)}),
+    pq.write_table(pa.table({"pair_id": list(old), "user_id": [users[p] for p in old], "correct": [False] * len(old)}),
                    tmp_path / "psi" / "eval_seen" / "predictions.parquet")   # the recorded file changes
     cre_row = next(r for r in write_ablation_report(moved).rows if r["stage"] == "cre")
     assert cre_row["seen"]["gain"]["gain"] == pytest.approx(gain["gain"])

@@ -57,7 +57,8 @@ def local_cluster(head_resources: dict | None = None, worker_resources: dict | N
         sessions = {d: (d / "node.sid").read_text().strip() for d in dirs if (d / "node.sid").is_file()}
         for d in reversed(dirs):
             subprocess.run(["bash", SCRIPT, "stop", str(d)], env=env, timeout=120)
-        left = subprocess.run(["ps", "-ww", "-eo", "sid=,stat=,args="], capture_output=True, text=True).stdout.splitlines()
+        left = subprocess.run(["ps", "-ww", "-eo", "sid=,stat=,args="], capture_output=True,
+                              text=True).stdout.splitlines()
         alive = [line.split(None, 2) for line in left if len(line.split()) >= 2 and not line.split()[1].startswith("Z")]
         for d in dirs:
             shutil.rmtree(d, ignore_errors=True)

@@ -41,13 +41,13 @@ def test_world_shards_are_reused_and_never_confused(world_shards):
 @pytest.mark.parametrize("name", ["grpo_tiny.yaml", "ppo_tiny.yaml"])
 def test_heldout_reward_rises(ray_cluster, world_shards, tmp_path, name):  # noqa: F811
     """The shipped tiny recipes, unchanged: the mean reward on cold-start users (never trained on) rises from step
-    0 to step 20, the 95% bootstrap CI of the rise (paired over the held-out prompts) above zero."""
+    0 to step 20, the 95% bootstrap CI of the rise (paired over the held-out prompts, resampling users) above zero."""
     from workers.controller import RLController, heldout_rise
 
     result = RLController(recipe(name, world_shards, tmp_path / "run")).run()
     first, last = result.evals[0], result.evals[-1]
     assert (first["step"], last["step"]) == (0, 20)
-    rise = heldout_rise(first, last)
+    rise = heldout_rise(first, last, result.heldout_users)
     assert rise["ci_low"] > 0 and rise["rise"] > 0.3, (rise, [loggable(e) for e in result.evals])
     train = [h["reward/mean"] for h in result.history]
     assert np.mean(train[-5:]) > np.mean(train[:5]), train

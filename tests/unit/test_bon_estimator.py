@@ -90,7 +90,8 @@ def test_curves_per_subset_with_ci_plot_and_metrics(tmp_path):
         quality = rng.normal(size=16)
         informative = i % 2 == 0
         scores = quality + rng.normal(scale=0.3, size=16) if informative else rng.normal(size=16)
-        pools.append(ScoredPool(f"p{i}", "good_rm" if informative else "noise", tuple(scores), tuple(quality)))
+        pools.append(ScoredPool(f"p{i}", "good_rm" if informative else "noise", tuple(scores), tuple(quality),
+                                    f"u{i // 2}"))
     points = curve(pools, n_bootstrap=200)
     assert {p.subset for p in points} == {"all", "good_rm", "noise"} and {p.k for p in points} == {1, 2, 4, 8, 16}
     good = {p.k: p for p in points if p.subset == "good_rm"}

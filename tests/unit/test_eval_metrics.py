@@ -171,19 +171,20 @@ def test_duplicates_and_mixed_groups_rejected():
 # Both orders
 # ---------------------------------------------------------------------------------------------------------------
 
-def both_order_preds(patterns):
+def both_order_preds(patterns, users_of=None):
     """patterns: per pair, a (verdict order 0, verdict order 1) of 'c' correct, 'w' wrong, 'f' failure, 't' tie.
-    Order 0 puts the chosen answer in A, order 1 in B."""
+    Order 0 puts the chosen answer in A, order 1 in B. Each pair is its own user's (``users_of``: pair -> user)."""
     out = []
     for i, pat in enumerate(patterns):
+        user = users_of(i) if users_of else f"u{i}"
         for order, (v, slot) in enumerate(zip(pat, ("A", "B"))):
             other = "B" if slot == "A" else "A"
             if v == "c":
-                out.append(pw(i, slot, slot, order=order))
+                out.append(pw(i, slot, slot, order=order, user=user))
             elif v == "w":
-                out.append(pw(i, slot, other, order=order))
+                out.append(pw(i, slot, other, order=order, user=user))
             elif v == "f":
-                out.append(pw(i, slot, None, order=order))
+                out.append(pw(i, slot, None, order=order, user=user))
             else:
                 out.append(pw(i, slot, "A", order=order, tie=True))
     return out
@@ -208,8 +209,15 @@ def test_summarize_uses_the_cluster_bootstrap():
     s = summarize(both_order_preds(patterns), n_bootstrap=1000, seed=5)
     correct = np.array([c == "c" for pat in patterns for c in pat], dtype=float)
     naive = mean_ci(correct, 1000, 5)
-    assert s["n_pairs"] == 300 and s["n"] == 600
+    assert s["n_pairs"] == 300 and s["n"] == 600 and s["n_users"] == 300 and s["ci_unit"] == "user"
     assert (s["ci_high"] - s["ci_low"]) > 1.25 * (naive[1] - naive[0])
+    # six pairs per user that go right or wrong together: the CI resamples the 50 users, not the 300 pairs
+    per_user = [("cc" if rng.random() < 0.6 else "ww") for _ in range(50)]
+    patterns = [pat for pat in per_user for _ in range(6)]
+    by_user = summarize(both_order_preds(patterns, users_of=lambda i: f"u{i // 6}"), n_bootstrap=1000, seed=5)
+    by_pair = summarize(both_order_preds(patterns), n_bootstrap=1000, seed=5)
+    assert by_user["n_users"] == 50 and by_user["n_pairs"] == 300 and by_user["accuracy"] == by_pair["accuracy"]
+    assert (by_user["ci_high"] - by_user["ci_low"]) > 2 * (by_pair["ci_high"] - by_pair["ci_low"])
 
 
 def test_deterministic_and_order_independent():

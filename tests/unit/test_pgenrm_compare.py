@@ -17,7 +17,8 @@ def _stage(folder: Path, correct: dict[str, dict[str, int]]) -> Path:
     for group, by_pair in correct.items():
         (folder / f"eval_{group}").mkdir(parents=True)
         path = folder / f"eval_{group}" / "predictions.parquet"
-        pq.write_table(pa.table({"pair_id": list(by_pair), "correct": list(by_pair.values())}), path)
+        pq.write_table(pa.table({"pair_id": list(by_pair), "user_id": [f"u{p}" for p in by_pair],
+                                 "correct": list(by_pair.values())}), path)
         result[group] = {"predictions": str(path)}
     (folder / "result.json").write_text(json.dumps(result))
     mark_complete(folder)

@@ -94,7 +94,23 @@ def test_bootstrap_ci_edge_cases_and_seeded_streams():
 def test_paired_difference_ci():
     old = (np.arange(200) % 2).astype(float)                          # 50% correct
     new = np.where(np.arange(200) % 4 > 0, 1.0, old)                  # strictly better on 50 items
-    gain, low, high = paired_difference_ci(new, old, seed=1)
+    gain, low, high = paired_difference_ci(new, old, clusters=None, seed=1)
     assert gain == pytest.approx(0.25) and 0 < low < gain < high
     assert (low, high) == mean_ci(new - old, seed=1)
-    assert all(np.isnan(paired_difference_ci(np.array([]), np.array([]))))
+    assert all(np.isnan(paired_difference_ci(np.array([]), np.array([]), clusters=None)))
+    with pytest.raises(TypeError):   # the unit the bootstrap resamples is never left to a default
+        paired_difference_ci(new, old)
+
+
+def test_paired_difference_resamples_users_when_a_users_pairs_move_together():
+    """Six pairs per user, the change sits in a third of the users and moves all of their pairs: resampling pairs
+    understates the CI; resampling users gives the honest one (and the same point estimate)."""
+    rng = np.random.default_rng(0)
+    users = np.repeat(np.arange(200), 6)
+    changed = rng.random(200) < 0.3
+    old = (rng.random(1200) < 0.7).astype(float)
+    new = np.where(changed[users], 1.0, old)
+    by_pair = paired_difference_ci(new, old, clusters=None, seed=0)
+    by_user = paired_difference_ci(new, old, clusters=users, seed=0)
+    assert by_pair[0] == by_user[0]
+    assert (by_user[2] - by_user[1]) > 1.3 * (by_pair[2] - by_pair[1])

@@ -44,6 +44,7 @@ from pr_rlhf.rl.batches import collate, join_pair_sides, minibatch_index, reward
 from pr_rlhf.rl.forward import response_logprobs, response_values, sequence_rewards
 from pr_rlhf.rl.modeling import load_causal_lm, load_critic, load_reward_model, pick_attn_implementation
 from pr_rlhf.rl.update_log import UpdateLog
+from pr_rlhf.threads import set_torch_threads
 from workers.learner import checkpoint
 from workers.learner.micro_batches import MicroBatchRunner, MicroOutput
 from workers.learner.ranks import join_process_group, node_endpoint
@@ -78,7 +79,7 @@ class LearnerWorker:
         self.ref_rebased = False     # True once rebase_reference() made the reference a copy of the policy
         self._owns_process_group = False
         if self.config.torch_threads:
-            torch.set_num_threads(self.config.torch_threads)
+            set_torch_threads(self.config.torch_threads)
 
     # ------------------------------------------------------------------------------------------------- setup
     def node_endpoint(self) -> tuple[str, int, str]:
