@@ -20,7 +20,8 @@ _TIERS = ("unit", "integration", "e2e")
 # The e2e files, longest first (measured: README "Tests"): `make test` hands whole files to two workers in this
 # order, so the long ones start early and the short ones fill in at the end. Files not named here come after them.
 E2E_LONGEST_FIRST = ("test_rl.py", "test_psi_from_scratch.py", "test_ray_job_submit.py", "test_pgenrm_pipeline.py",
-                     "test_pgenrm_real.py", "test_build_cli.py", "test_benches.py", "test_train_rm.py")
+                     "test_benches.py", "test_rl_personalized.py", "test_pgenrm_real.py", "test_train_rm.py",
+                     "test_build_cli.py")
 
 
 def _order(item) -> tuple[int, int]:

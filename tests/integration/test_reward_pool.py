@@ -153,10 +153,14 @@ def test_worker_killed_mid_batch_loses_no_sample_and_scores_none_twice(ray_clust
     killed = {}
 
     def kill_when_held():
+        # the kill comes once the held request is being scored and the worker's first batch (scored beside the
+        # second: two batches in flight) has been scored too, so that the killed worker has results to keep
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
-            seen = invocation_log(log).get(reqs[hold].request_id)
-            if seen:
+            logged = invocation_log(log)
+            seen = logged.get(reqs[hold].request_id)
+            if seen and all(reqs[i].request_id in logged for i in victim_reqs[:4]):
+                time.sleep(1.0)   # the first batch's last request (logged when it starts) takes delay_s to score
                 killed["pid"] = seen[0]
                 killed["worker_id"] = f"reward-{victim}.1"
                 ray.kill(pool.workers[victim], no_restart=True)

@@ -435,3 +435,22 @@ def test_export_personal_rewardbench(tmp_path, small_config):
         assert r["split"] == p.split and r["flip"] == p.flip and r["user_id"] == p.user_id
         assert r["chosen"] == {"role": "model", "content": p.chosen}
         assert r["context"] == [{"role": "user", "content": p.question}] and r["turns"] == 1
+
+
+def test_more_cold_start_users_leave_every_earlier_user_unchanged():
+    """Each user's weights, pairs and profile come from streams of the world seed and the user's index: adding
+    cold-start users (after the seen ones) changes nobody else. The P-GenRM worlds grow from 40 to 200 cold-start
+    users this way (docs/results/pgenrm_worlds)."""
+    from pathlib import Path
+
+    from pr_rlhf.configs.recipe import load_recipe
+
+    base = load_recipe(Path(__file__).resolve().parents[2] / "recipes" / "pgenrm_pipeline.yaml").pgenrm.world.model_copy(update={"seed": 3})
+    small, large = (build_world(base.model_copy(update={"cold_start_users": n})) for n in (40, 200))
+    assert len(small.users) == 240 and len(large.users) == 400
+    assert sum(u.cold_start for u in large.users) == 200
+    for a, b in zip(small.users, large.users):
+        assert (a.user_id, a.archetype, a.subset, a.cold_start) == (b.user_id, b.archetype, b.subset, b.cold_start)
+        assert np.array_equal(a.weights, b.weights) and a.posts == b.posts
+        assert small.pairs_of(a.user_id) == large.pairs_of(b.user_id)
+    assert np.array_equal(small.archetypes, large.archetypes)
