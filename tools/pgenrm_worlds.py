@@ -3,7 +3,7 @@ about two hours of 2 cores per world and arm set).
 
     python tools/pgenrm_worlds.py gate --seeds 3 4 5 6 7 8     # the offline headroom gate of candidate worlds
     python tools/pgenrm_worlds.py plan                         # the queue: every (world, arm set) and its command
-    python tools/pgenrm_worlds.py run [--only main]            # run the queue in order (a finished stage is kept)
+    python tools/pgenrm_worlds.py run [--only main] [--worlds 2 4]   # the queue in order (finished stages kept)
     python tools/pgenrm_worlds.py collect                      # per-pair outcomes -> docs/results/pgenrm_worlds/
     python tools/pgenrm_worlds.py analyse                      # the pre-registered analysis -> analysis.{json,md}
     python tools/pgenrm_worlds.py convert --folder docs/results/pgenrm_w2 --recipe <its recipe>   # an earlier run
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -28,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 from pr_rlhf.pgenrm.worlds import OUTCOMES_FILE, Endpoint, WorldOutcomes, analyse, markdown, moderator  # noqa: E402
 
 RECIPE = "recipes/pgenrm_pipeline.yaml"
-RUNS = ROOT / "runs" / "pgenrm_worlds"
+RUNS_REL = Path("runs") / "pgenrm_worlds"   # the commands run from the repository root
+RUNS = ROOT / RUNS_REL
 RESULTS = ROOT / "docs" / "results" / "pgenrm_worlds"
 DEVELOPMENT_WORLD = 0
 # The pre-registered worlds: world 2 and the next seeds whose offline gate passes (see PREREGISTRATION.md).
@@ -80,11 +82,11 @@ def world_sets(world: int) -> list[str]:
 
 def pgenrm_command(world: int, arm_set: str) -> list[str]:
     name, stages, extra = next(a for a in ARM_SETS if a[0] == arm_set)
-    run_dir = RUNS / f"w{world}" / ("main" if name == "ablations" else name)
+    run_dir = RUNS_REL / f"w{world}" / ("main" if name == "ablations" else name)
     cmd = [sys.executable, "-m", "pr_rlhf.cli", "pgenrm", RECIPE, "--out", str(run_dir),
            "--set", f"seed={world}", "--set", f"pgenrm.world.seed={world}",
            "--set", f"pgenrm.world.cold_start_users={COLD_START_USERS}",
-           "--set", f"pgenrm.shards={RUNS / f'w{world}' / 'data'}"]
+           "--set", f"pgenrm.shards={RUNS_REL / f'w{world}' / 'data'}"]
     for override in extra:
         cmd += ["--set", override]
     for stage in stages:
@@ -93,8 +95,8 @@ def pgenrm_command(world: int, arm_set: str) -> list[str]:
 
 
 def scaling_recipe(world: int) -> Path:
-    """The exploratory grid on the world's PSI model: (0, 0), (16, 0), (16, 8) on the scaling recipe's sample of
-    seen pairs and every cold-start pair."""
+    """The exploratory grid on the world's PSI model: (0, 0), (16, 0), (16, 8) on seeded samples of 300 seen and
+    160 cold-start pairs (the grid's cost is per pair: 16 sampled and 8 neighbour chains each)."""
     import yaml
 
     from pr_rlhf.configs.recipe import load_recipe
@@ -106,20 +108,22 @@ def scaling_recipe(world: int) -> Path:
     path.write_text(yaml.safe_dump({"name": f"pgenrm_worlds_w{world}_scaling", "seed": world, "scaling": {
         "model": str(RUNS / f"w{world}" / "main" / "psi" / "model"), "shards": str(RUNS / f"w{world}" / "data"),
         "world": recipe.pgenrm.world.model_dump(mode="json"), "points": SCALING_POINTS,
-        "out": str(RUNS / f"w{world}" / "scaling")}}))
+        "seen_pairs": 300, "cold_pairs": 160, "out": str(RUNS / f"w{world}" / "scaling")}}))
     return path
 
 
 def command(world: int, arm_set: str) -> list[str]:
     if arm_set == "scaling":
-        return [sys.executable, "-m", "pr_rlhf.cli", "scaling", str(scaling_recipe(world))]
+        return [sys.executable, "-m", "pr_rlhf.cli", "scaling", str(scaling_recipe(world).relative_to(ROOT))]
     return pgenrm_command(world, arm_set)
 
 
-def queue(only: str | None = None) -> list[tuple[int, str]]:
-    """Main arm sets of every world first, then the filtered ones, then ablations, then scaling."""
+def queue(only: str | None = None, worlds: list[int] | None = None) -> list[tuple[int, str]]:
+    """Main arm sets of every world first, then the filtered ones, then ablations, then scaling (``worlds``: a
+    subset, for runners side by side)."""
     order = ("main", "filtered", "ablations", "scaling")
-    return [(w, s) for s in order for w in WORLDS if s in world_sets(w) and (only is None or s == only)]
+    return [(w, s) for s in order for w in WORLDS if s in world_sets(w) and (only is None or s == only)
+            and (not worlds or w in worlds)]
 
 
 def done(world: int, arm_set: str) -> bool:
@@ -132,7 +136,7 @@ def done(world: int, arm_set: str) -> bool:
 
 def cmd_run(args: argparse.Namespace) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    for world, arm_set in queue(args.only):
+    for world, arm_set in queue(args.only, args.worlds):
         if done(world, arm_set):
             print(f"w{world} {arm_set}: done")
             continue
@@ -143,7 +147,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         start = time.time()
         with open(log, "a") as f:
             rc = subprocess.call(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                                 env={**__import__("os").environ, "RAY_AUTH_MODE": "disabled"})
+                                 env={**os.environ, "RAY_AUTH_MODE": "disabled"})
         record = {"world": world, "arm_set": arm_set, "command": " ".join(cmd[1:]), "returncode": rc,
                   "wall_s": round(time.time() - start, 1), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
         with open(RESULTS / "runs.jsonl", "a") as f:
@@ -240,7 +244,7 @@ def cmd_analyse(args: argparse.Namespace) -> None:
     unlearned = {w.world: u for w in worlds if (u := unlearned_on_contested(w.world)) is not None}
     result["moderator"] = {"endpoint": MODERATED.name, "moderator": "best rule - CRE on contested seen pairs",
                            **moderator(worlds, MODERATED, unlearned)}
-    dev = RESULTS / f"w{DEVELOPMENT_WORLD}" / OUTCOMES_FILE
+    dev = ROOT / "docs" / "results" / "pgenrm" / OUTCOMES_FILE   # world 0's first pipeline run
     if dev.is_file():   # the development world, reported apart (its pairs chose the setting)
         result["development_world"] = analyse([WorldOutcomes.load(dev)], ENDPOINTS)
     (RESULTS / "analysis.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -294,7 +298,7 @@ def cmd_gate(args: argparse.Namespace) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
-    for world, arm_set in queue(args.only):
+    for world, arm_set in queue(args.only, args.worlds):
         print(f"w{world} {arm_set} {'done' if done(world, arm_set) else 'todo'}: "
               f"{' '.join(command(world, arm_set)[1:])}")
 
@@ -307,6 +311,7 @@ def main() -> None:
     for name in ("plan", "run"):
         p = sub.add_parser(name)
         p.add_argument("--only", choices=("main", "filtered", "ablations", "scaling"))
+        p.add_argument("--worlds", type=int, nargs="*", help="a subset of the worlds (runners side by side)")
     collect = sub.add_parser("collect")
     collect.add_argument("--worlds", type=int, nargs="*")
     sub.add_parser("analyse")

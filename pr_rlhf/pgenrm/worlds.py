@@ -82,13 +82,14 @@ class WorldOutcomes:
                    doc["arms"], doc.get("meta", {}))
 
     def accuracy(self, arm: str, group: str, part: str = "all") -> dict[str, float] | None:
-        idx = self._select(group, part, arm)
+        idx = self.select(group, part, arm)
         if not idx:
             return None
         values = np.array([self.arms[arm][i] for i in idx], dtype=float)
         return {"accuracy": float(values.mean()), "pairs": len(idx), "users": len({self.users[i] for i in idx})}
 
-    def _select(self, group: str, part: str, *arms: str) -> list[int]:
+    def select(self, group: str, part: str, *arms: str) -> list[int]:
+        """Indices of ``group``'s pairs (all / contested / rest) that every one of ``arms`` judged."""
         if part not in ("all", "contested", "rest"):
             raise ValueError(f"part {part!r}: all | contested | rest")
         return [i for i in range(len(self.pairs))
@@ -111,7 +112,7 @@ def world_difference(w: WorldOutcomes, ep: Endpoint, n_bootstrap: int, seed: int
     """One world's paired difference with its user-clustered bootstrap (the replicates kept for pooling)."""
     if ep.new not in w.arms or ep.old not in w.arms:
         return None
-    idx = w._select(ep.group, ep.part, ep.new, ep.old)
+    idx = w.select(ep.group, ep.part, ep.new, ep.old)
     if not idx:
         return None
     diff = np.array([w.arms[ep.new][i] - w.arms[ep.old][i] for i in idx], dtype=float)

@@ -1,0 +1,154 @@
+"""Recompute every CI under docs/results/ that its committed per-pair or per-prompt outcomes allow, resampling users
+(docs/protocols.md section 3), and write the regenerated reports beside them. Outside CI; seconds.
+
+    python tools/reanalyse_results.py            # all of them
+    python tools/reanalyse_results.py rl pgenrm  # some
+
+- RL sweeps (personalized_vs_global, its PPO twin, rl_validity): each arm's committed history (held-out downstream
+  per prompt, with each prompt's user) -> sweep.json / sweep.md / sweep.png regenerated in place, the agreement
+  groups from the world the recipe builds.
+- P-GenRM runs (pgenrm = world 0, the development world; pgenrm_w2): outcomes.json (per pair, with its user) ->
+  reanalysis.json / reanalysis.md: each stage's accuracy and the paired gains the README quotes, all pairs and
+  contested ones. Arms whose per-pair verdicts were never committed (CRE-B/C/D, filtered PSI, CRE-D's curriculum
+  and control) are listed as not re-analysable.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RESULTS = ROOT / "docs" / "results"
+
+# (folder, arm -> committed history file, baseline arm, the recipe whose world the users come from, title)
+RL_SWEEPS = (
+    ("personalized_vs_global", "histories/{arm}.json", "rm_none", "recipe_as_run.yaml",
+     "personalized_vs_global: GRPO per reward"),
+    ("personalized_vs_global/ppo", "{arm}.history.json", "rm_none", "../recipe_as_run.yaml",
+     "personalized_vs_global: PPO per reward"),
+    ("rl_validity", "arms/{arm}.history.json", "prior", "recipe.yaml", "rl_validity: GRPO per reward"),
+)
+PGENRM_RUNS = {
+    "pgenrm": ("recipes/pgenrm_pipeline.yaml",
+               ["cre_b", "cre_c", "cre_d", "psi_filtered", "cre_d_curriculum", "cre_d_control"]),
+    "pgenrm_w2": ("docs/results/pgenrm_w2/recipe_effective.yaml", []),
+}
+# (new, old) comparisons of the P-GenRM runs, per group, on all and on contested pairs
+PGENRM_COMPARISONS = (("psi", "base"), ("cre", "psi"), ("control", "psi"), ("curriculum", "psi"),
+                      ("curriculum", "control"), ("curriculum", "cre"), ("control", "cre"))
+
+
+def reanalyse_rl() -> None:
+    import yaml
+
+    from pr_rlhf.configs.world import WorldConfig
+    from pr_rlhf.rl.sweep import arm_row, write_sweep_report
+    from pr_rlhf.world import build_world
+    from pr_rlhf.world.reference import population_agreement
+
+    for folder, pattern, baseline, recipe, title in RL_SWEEPS:
+        base = RESULTS / folder
+        old = json.loads((base / "sweep.json").read_text())
+        arms = list(old["arms"])
+        world_cfg = yaml.safe_load((base / recipe).read_text())["world"]
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp)
+            for arm in arms:
+                (out / arm).mkdir()
+                shutil.copy2(base / pattern.format(arm=arm), out / arm / "history.json")
+            users = json.loads((out / baseline / "history.json").read_text())["heldout_users"]
+            cosine = population_agreement(build_world(WorldConfig.model_validate(world_cfg)), sorted(set(users)))
+            groups = {"agree": [i for i, u in enumerate(users) if cosine[u] > 0],
+                      "disagree": [i for i, u in enumerate(users) if cosine[u] <= 0]}
+            rows = {arm: arm_row(out / arm, out / baseline, groups) for arm in arms}
+        for arm, row in rows.items():
+            row["run"] = old["arms"][arm]["run"]
+            row["benchmark_accuracy"] = old["arms"][arm].get("benchmark_accuracy")
+            if "vs_baseline" in row:
+                row["vs_baseline"]["new"] = old["arms"][arm]["run"]
+                row["vs_baseline"]["old"] = old["arms"][baseline]["run"]
+        extra = {k: v for k, v in old.items() if k not in ("baseline", "arms")}
+        extra["ci_unit"] = "user"
+        files = write_sweep_report(base, rows, baseline, title, extra)
+        print(f"{folder}: {files.markdown.relative_to(ROOT)}")
+
+
+def reanalyse_pgenrm() -> None:
+    from pr_rlhf.eval.report import PairOutcomes, paired_gain
+    from pr_rlhf.pgenrm.worlds import WorldOutcomes
+    from pr_rlhf.stats import mean_ci
+
+    for folder, (recipe, lost) in PGENRM_RUNS.items():
+        base = RESULTS / folder
+        if not (base / "outcomes.json").is_file():
+            import subprocess
+
+            subprocess.run([sys.executable, str(ROOT / "tools" / "pgenrm_worlds.py"), "convert", "--folder", str(base),
+                            "--recipe", str(ROOT / recipe)], check=True)
+        w = WorldOutcomes.load(base / "outcomes.json")
+        doc: dict = {"source": "outcomes.json", "ci_unit": "user", "arms": {}, "comparisons": [],
+                     "not_reanalysable": {arm: "its per-pair verdicts were not committed and its run directory is "
+                                               "gone" for arm in lost}}
+
+        def outcomes(arm: str, group: str, part: str = "all") -> PairOutcomes:
+            idx = w.select(group, part, arm)
+            return PairOutcomes({w.pairs[i]: w.arms[arm][i] for i in idx}, {w.pairs[i]: w.users[i] for i in idx})
+
+        for arm in w.arms:
+            doc["arms"][arm] = {}
+            for group in ("seen", "cold"):
+                o = outcomes(arm, group)
+                values = [o[p] for p in o]
+                low, high = mean_ci(values, seed=0, clusters=[o.user(p) for p in o])
+                doc["arms"][arm][group] = {"accuracy": sum(values) / len(values), "ci_low": low, "ci_high": high,
+                                           "pairs": len(values), "users": len(set(o.users.values()))}
+        for new, old in PGENRM_COMPARISONS:
+            if new in w.arms and old in w.arms:
+                row = {"new": new, "old": old}
+                for group in ("seen", "cold"):
+                    row[group] = {part: paired_gain(outcomes(new, group, part), outcomes(old, group, part))
+                                  for part in ("all", "contested", "rest")}
+                doc["comparisons"].append(row)
+        (base / "reanalysis.json").write_text(json.dumps(doc, indent=1) + "\n")
+        (base / "reanalysis.md").write_text(pgenrm_markdown(folder, doc))
+        print(f"{folder}: reanalysis.md")
+
+
+def _ci(g: dict) -> str:
+    return f"{100 * g['gain']:+.1f} [{100 * g['ci_low']:+.1f}, {100 * g['ci_high']:+.1f}]"
+
+
+def pgenrm_markdown(folder: str, doc: dict) -> str:
+    lines = [f"## {folder}: re-analysed resampling users", "",
+             "From the committed per-pair verdicts (`outcomes.json`, each pair with its user). Accuracy % [95% CI "
+             "resampling users]; gains in points, paired over the same pairs, CI resampling users.", "",
+             "| stage | seen | cold-start |", "|---|---|---|"]
+    for arm, groups in doc["arms"].items():
+        cells = [f"{100 * g['accuracy']:.1f} [{100 * g['ci_low']:.1f}, {100 * g['ci_high']:.1f}] "
+                 f"({g['pairs']} pairs, {g['users']} users)" for g in (groups["seen"], groups["cold"])]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lines += ["", "| comparison | seen, all | seen, contested | seen, rest | cold-start |", "|---|---|---|---|---|"]
+    for row in doc["comparisons"]:
+        seen, cold = row["seen"], row["cold"]
+        lines.append(f"| {row['new']} - {row['old']} | {_ci(seen['all'])} ({seen['all']['changed']} changed in "
+                     f"{seen['all']['changed_users']} users) | {_ci(seen['contested'])} | {_ci(seen['rest'])} | "
+                     f"{_ci(cold['all'])} |")
+    if doc["not_reanalysable"]:
+        lines += ["", "Not re-analysable (per-pair verdicts never committed, run directories gone): "
+                  + ", ".join(f"`{a}`" for a in doc["not_reanalysable"]) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    jobs = {"rl": reanalyse_rl, "pgenrm": reanalyse_pgenrm}
+    for name in sys.argv[1:] or list(jobs):
+        jobs[name]()
+
+
+if __name__ == "__main__":
+    main()
