@@ -89,9 +89,9 @@ def write_sweep_report(out: Path, rows: Mapping[str, dict], baseline: str, title
     any_row = next(iter(rows.values()))
     lines = [f"## {title}", "",
              f"Downstream = the downstream judge's score (`train.downstream`) of the policy's answers to held-out "
-             f"users at the last evaluation (step "
-             f"{any_row['step']}), mean over {any_row['prompts']} held-out prompts [95% bootstrap CI resampling users]; "
-             f"gains are paired over the same prompts against `{baseline}`; users who agree / disagree: cosine of their "
+             f"users at the last evaluation (step {any_row['step']}), mean over {any_row['prompts']} held-out "
+             f"prompts [95% bootstrap CI resampling users]; gains are paired over the same prompts against "
+             f"`{baseline}`; users who agree / disagree: cosine of their "
              "weights with the population's preference above / at most 0.", "",
              "| arm | benchmark acc. | downstream | rise since step 0 | vs baseline | users who agree | "
              "users who disagree |", "|---|---|---|---|---|---|---|"]

@@ -445,7 +445,8 @@ def test_more_cold_start_users_leave_every_earlier_user_unchanged():
 
     from pr_rlhf.configs.recipe import load_recipe
 
-    base = load_recipe(Path(__file__).resolve().parents[2] / "recipes" / "pgenrm_pipeline.yaml").pgenrm.world.model_copy(update={"seed": 3})
+    recipe = load_recipe(Path(__file__).resolve().parents[2] / "recipes" / "pgenrm_pipeline.yaml")
+    base = recipe.pgenrm.world.model_copy(update={"seed": 3})
     small, large = (build_world(base.model_copy(update={"cold_start_users": n})) for n in (40, 200))
     assert len(small.users) == 240 and len(large.users) == 400
     assert sum(u.cold_start for u in large.users) == 200
