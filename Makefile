@@ -10,10 +10,10 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 TORCH_INDEX_FLAG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 PYTEST_ARGS ?=
-# make test runs the suite on this many pytest workers, whole files each (tests/conftest.py orders the e2e files
-# longest first so that neither worker idles at the end); PYTEST_WORKERS=0 runs it in one process.
+# make test runs the suite on this many pytest workers, whole files each, in tests/conftest.py's order (the longest
+# files first, so that neither worker idles at the end); PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 2
-PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 STAMP := $(VENV)/.pr_rlhf-installed
 # pip repeats a harmless warning per package for index folders this machine's pip config names but lacks.
 QUIET_PIP := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
@@ -56,7 +56,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/ruff check .
 
-# All tiers, in order: tests/unit, tests/integration, tests/e2e (what CI runs).
+# All tiers (what CI runs): tests/e2e, tests/integration, tests/unit, the longest files first (tests/conftest.py).
 # PR_RLHF_ALL_EXTRAS: everything optional is installed, so a test that needs it fails rather than skips.
 test: lint
 	PR_RLHF_ALL_EXTRAS=1 $(PY) -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_ARGS)

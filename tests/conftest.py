@@ -16,24 +16,25 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
         os.environ[_var] = "1"
 
 _TIER_SECONDS: dict[str, float] = {}
-_TIERS = ("unit", "integration", "e2e")
-# The e2e files, longest first (measured: README "Tests"): `make test` hands whole files to two workers in this
-# order, so the long ones start early and the short ones fill in at the end. Files not named here come after them.
-E2E_LONGEST_FIRST = ("test_rl.py", "test_psi_from_scratch.py", "test_ray_job_submit.py", "test_pgenrm_pipeline.py",
+# `make test` hands whole files to two workers (pytest-xdist, --dist loadfile --no-loadscope-reorder) in the order
+# below: the longest files first, the short ones last (longest processing time first), so that the workers finish
+# together; the many small unit and integration files fill in at the end. Measured (README "Tests"), longest first:
+E2E_LONGEST_FIRST = ("test_psi_from_scratch.py", "test_rl.py", "test_ray_job_submit.py", "test_pgenrm_pipeline.py",
                      "test_benches.py", "test_rl_personalized.py", "test_pgenrm_real.py", "test_train_rm.py",
                      "test_build_cli.py")
+_ORDER = ("e2e", "integration", "unit")
 
 
 def _order(item) -> tuple[int, int]:
     parts = item.nodeid.split("::")[0].split("/")
-    tier = _TIERS.index(parts[1]) if len(parts) > 2 and parts[0] == "tests" and parts[1] in _TIERS else len(_TIERS)
+    tier = _ORDER.index(parts[1]) if len(parts) > 2 and parts[0] == "tests" and parts[1] in _ORDER else len(_ORDER)
     name = parts[-1]
-    return tier, (E2E_LONGEST_FIRST.index(name) if tier == 2 and name in E2E_LONGEST_FIRST
+    return tier, (E2E_LONGEST_FIRST.index(name) if parts[1:2] == ["e2e"] and name in E2E_LONGEST_FIRST
                   else len(E2E_LONGEST_FIRST))
 
 
 def pytest_collection_modifyitems(items):
-    # tiers stay in order (fast failures first); a stable sort keeps each file's tests in their written order
+    # a stable sort keeps each file's tests in their written order
     items.sort(key=_order)
 
 
