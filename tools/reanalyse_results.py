@@ -25,13 +25,14 @@ sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "docs" / "results"
 
-# (folder, arm -> committed history file, baseline arm, the recipe whose world the users come from, title)
+# (folder, arm -> committed history file, the recipe whose world the users come from, title); the baseline arm
+# is the one the committed sweep.json names
 RL_SWEEPS = (
-    ("personalized_vs_global", "histories/{arm}.json", "rm_none", "recipe_as_run.yaml",
+    ("personalized_vs_global", "histories/{arm}.json", "recipe_as_run.yaml",
      "personalized_vs_global: GRPO per reward"),
-    ("personalized_vs_global/ppo", "{arm}.history.json", "rm_none", "../recipe_as_run.yaml",
+    ("personalized_vs_global/ppo", "{arm}.history.json", "../recipe_as_run.yaml",
      "personalized_vs_global: PPO per reward"),
-    ("rl_validity", "arms/{arm}.history.json", "prior", "recipe.yaml", "rl_validity: GRPO per reward"),
+    ("rl_validity", "arms/{arm}.history.json", "recipe.yaml", "rl_validity: GRPO per reward"),
 )
 PGENRM_RUNS = {
     "pgenrm": ("recipes/pgenrm_pipeline.yaml",
@@ -51,9 +52,10 @@ def reanalyse_rl() -> None:
     from pr_rlhf.world import build_world
     from pr_rlhf.world.reference import population_agreement
 
-    for folder, pattern, baseline, recipe, title in RL_SWEEPS:
+    for folder, pattern, recipe, title in RL_SWEEPS:
         base = RESULTS / folder
         old = json.loads((base / "sweep.json").read_text())
+        baseline = old["baseline"]
         arms = list(old["arms"])
         world_cfg = yaml.safe_load((base / recipe).read_text())["world"]
         with tempfile.TemporaryDirectory() as tmp:
