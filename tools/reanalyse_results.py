@@ -34,6 +34,8 @@ RL_SWEEPS = (
      "personalized_vs_global: PPO per reward"),
     ("rl_validity", "arms/{arm}.history.json", "recipe.yaml", "rl_validity: GRPO per reward"),
 )
+# further paired comparisons the README quotes, (new arm, old arm), per sweep folder
+RL_EXTRA = {"rl_validity": (("pgenrm", "rm_profile"), ("rm_plan", "rm_profile"))}
 PGENRM_RUNS = {
     "pgenrm": ("recipes/pgenrm_pipeline.yaml",
                ["cre_b", "cre_c", "cre_d", "psi_filtered", "cre_d_curriculum", "cre_d_control"]),
@@ -48,6 +50,7 @@ def reanalyse_rl() -> None:
     import yaml
 
     from pr_rlhf.configs.world import WorldConfig
+    from pr_rlhf.rl.compare import compare_runs
     from pr_rlhf.rl.sweep import arm_row, write_sweep_report
     from pr_rlhf.world import build_world
     from pr_rlhf.world.reference import population_agreement
@@ -68,14 +71,18 @@ def reanalyse_rl() -> None:
             groups = {"agree": [i for i, u in enumerate(users) if cosine[u] > 0],
                       "disagree": [i for i, u in enumerate(users) if cosine[u] <= 0]}
             rows = {arm: arm_row(out / arm, out / baseline, groups) for arm in arms}
+            extra_pairs = {f"{a} - {b}": compare_runs(out / a, out / b, groups=groups)
+                           for a, b in RL_EXTRA.get(folder, ())}
         for arm, row in rows.items():
             row["run"] = old["arms"][arm]["run"]
             row["benchmark_accuracy"] = old["arms"][arm].get("benchmark_accuracy")
             if "vs_baseline" in row:
                 row["vs_baseline"]["new"] = old["arms"][arm]["run"]
                 row["vs_baseline"]["old"] = old["arms"][baseline]["run"]
-        extra = {k: v for k, v in old.items() if k not in ("baseline", "arms")}
+        extra = {k: v for k, v in old.items() if k not in ("baseline", "arms", "comparisons")}
         extra["ci_unit"] = "user"
+        if extra_pairs:
+            extra["comparisons"] = extra_pairs
         files = write_sweep_report(base, rows, baseline, title, extra)
         print(f"{folder}: {files.markdown.relative_to(ROOT)}")
 
@@ -121,6 +128,81 @@ def reanalyse_pgenrm() -> None:
         print(f"{folder}: reanalysis.md")
 
 
+def reanalyse_bt() -> None:
+    """The shipped BT RMs and planner (models/) re-evaluated on their report's 1,500 held-out pairs (the run that
+    trained them kept no per-pair verdicts): `pr-rlhf train-rm recipes/rm_bt_quickstart.yaml --set
+    rm.out=runs/rm_bt_reeval --set rm.shards=runs/rm_bt_reeval/data --set rm.planner.model=models/planner_tiny`
+    with the shipped models placed as finished (`<out>/<mode>/model`) evaluates without training; this copies its
+    report and per-pair predictions, adds plan - profile, and re-runs the planner's evaluation."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from pr_rlhf.configs.recipe import load_recipe
+    from pr_rlhf.eval.report import correct_by_pair, paired_gain
+    from pr_rlhf.pgenrm.planner_data import planner_examples
+    from workers.pgenrm import _run_planner_eval
+
+    run, dest = ROOT / "runs" / "rm_bt_reeval", RESULTS / "rm_bt_quickstart"
+    for name in ("report.md", "report.json", "report.png"):
+        shutil.copy2(run / name, dest / name)
+    outcomes = {}
+    for mode in ("none", "profile", "plan"):
+        table = pq.read_table(run / mode / "eval" / "predictions.parquet")
+        pq.write_table(table, dest / f"predictions_{mode}.parquet", compression="zstd")
+        outcomes[mode] = correct_by_pair(dest / f"predictions_{mode}.parquet")
+    doc = {"source": "predictions_<mode>.parquet (the shipped models, re-evaluated)", "ci_unit": "user",
+           "plan_vs_profile": paired_gain(outcomes["plan"], outcomes["profile"])}
+    recipe = load_recipe(ROOT / "recipes" / "rm_bt_quickstart.yaml", [f"pgenrm.shards={run / 'data'}"])
+    cfg = recipe.pgenrm.planner
+    held = planner_examples(str(run / "data"), ("val", "test"), cfg.top_k)
+    keep = np.sort(np.random.default_rng(recipe.seed).permutation(len(held))[:cfg.eval_queries])
+    held = [held[i] for i in keep]
+    planner = _run_planner_eval(str(ROOT / "models" / "planner_tiny"), [e.input for e in held],
+                                [e.aspects for e in held], cfg.top_k, cfg.max_tokens, 2, recipe.seed)
+    users = [q["user_id"] for q in planner["per_query"]]
+    planner["users"] = len(set(users))
+    doc["planner"] = planner
+    (dest / "reanalysis.json").write_text(json.dumps(doc, indent=1) + "\n")
+    p = planner
+    print(f"rm_bt_quickstart: plan - profile {_ci(doc['plan_vs_profile'])}; planner precision "
+          f"{p['precision']['mean']:.3f} [{p['precision']['ci_low']:.3f}, {p['precision']['ci_high']:.3f}], recall "
+          f"{p['recall']['mean']:.3f} [{p['recall']['ci_low']:.3f}, {p['recall']['ci_high']:.3f}] ({len(users)} "
+          f"queries of {p['users']} users)")
+
+
+def reanalyse_rl_tiny() -> None:
+    """`pr-rlhf train recipes/{grpo,ppo}_tiny.yaml --out runs/rl_tiny/<name> --set
+    train.data.shards=runs/rl_tiny/shards`: each run's history (held-out reward per prompt, each prompt's user) and
+    the rise from step 0 to the last evaluation, resampling users."""
+    from workers.controller import heldout_rise
+
+    dest = RESULTS / "rl_tiny"
+    dest.mkdir(parents=True, exist_ok=True)
+    summary = {}
+    for name in ("grpo_tiny", "ppo_tiny"):
+        history = json.loads((ROOT / "runs" / "rl_tiny" / name / "history.json").read_text())
+        shutil.copy2(ROOT / "runs" / "rl_tiny" / name / "history.json", dest / f"{name}.history.json")
+        evals = history["evals"]
+        summary[name] = {"steps": [e["step"] for e in evals],
+                         "heldout_reward_mean": [e["eval/heldout_reward_mean"] for e in evals],
+                         "rise": heldout_rise(evals[0], evals[-1], history["heldout_users"])}
+    (dest / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps(summary))
+
+
+def reanalyse_world() -> None:
+    """The default world's (seed 0) reference accuracies with CIs resampling users, as a shard manifest reports
+    them (``reference_summary``)."""
+    from pr_rlhf.world import WorldConfig, build_world
+    from pr_rlhf.world.reference import reference_summary
+
+    dest = RESULTS / "world"
+    dest.mkdir(parents=True, exist_ok=True)
+    summary = {"world": WorldConfig().model_dump(mode="json"), **reference_summary(build_world(WorldConfig()))}
+    (dest / "references_default.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in summary.items() if k != "world"})[:600])
+
+
 def _ci(g: dict) -> str:
     return f"{100 * g['gain']:+.1f} [{100 * g['ci_low']:+.1f}, {100 * g['ci_high']:+.1f}]"
 
@@ -147,7 +229,8 @@ def pgenrm_markdown(folder: str, doc: dict) -> str:
 
 
 def main() -> None:
-    jobs = {"rl": reanalyse_rl, "pgenrm": reanalyse_pgenrm}
+    jobs = {"rl": reanalyse_rl, "pgenrm": reanalyse_pgenrm, "bt": reanalyse_bt, "rl_tiny": reanalyse_rl_tiny,
+            "world": reanalyse_world}
     for name in sys.argv[1:] or list(jobs):
         jobs[name]()
 

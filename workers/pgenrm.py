@@ -96,7 +96,9 @@ def _run_planner_eval(model_dir: str, inputs: list, gold: list[list[str]], top_k
         engine.close()
     scores = np.array([aspect_precision_recall(plan.aspects, want, key=world_aspect_key)
                        for plan, want in zip(plans, gold)]).reshape(-1, 2)
-    out: dict[str, Any] = {"queries": len(gold), "parse_failures": sum(plan.error is not None for plan in plans)}
+    out: dict[str, Any] = {"queries": len(gold), "parse_failures": sum(plan.error is not None for plan in plans),
+                           "per_query": [{"user_id": i.user_id, "pair_id": i.pair_id, "precision": float(p),
+                                          "recall": float(r)} for i, (p, r) in zip(inputs, scores)]}
     for name, values in (("precision", scores[:, 0]), ("recall", scores[:, 1])):
         low, high = mean_ci(values, seed=seed, clusters=[i.user_id for i in inputs])
         out[name] = {"mean": float(values.mean()), "ci_low": low, "ci_high": high}
