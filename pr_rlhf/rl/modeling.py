@@ -4,10 +4,13 @@ sequence-classification model). Pure torch + transformers (no Ray); sharding the
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pr_rlhf.configs.learner import LearnerConfig
 
 
 class CriticModel(nn.Module):
@@ -51,15 +54,89 @@ class RewardModel(nn.Module):
         return sequence_scores(self, input_ids, attention_mask, last, position_ids).clone()
 
 
-def pick_attn_implementation(requested: str, device_type: str, dtype: Any) -> str:
-    """The attention kernel to load a model with: ``requested`` unless "auto"; "auto" takes flash_attention_2 on
-    CUDA in 16-bit when flash-attn is importable (it supports nothing else), otherwise sdpa."""
+class AttentionConfigError(ValueError):
+    """A learner config whose attention kernel cannot work; the message names the fields to change."""
+
+
+def pick_attn_implementation(requested: str, device_type: str, dtype: Any, *, mask_4d: bool = False) -> str:
+    """The attention kernel of a model computing in ``dtype``: ``requested`` unless "auto"; "auto" takes
+    flash_attention_2 on CUDA in 16-bit when flash-attn is importable (it supports nothing else) and the model is
+    never fed a 4-D attention mask (``mask_4d``: flash-attention 2 takes only 2-D padding masks, transformers#39608),
+    otherwise sdpa (whose memory-efficient kernel takes any boolean mask). An explicit flash_attention_2 with
+    ``mask_4d`` is refused."""
+    if requested == "flash_attention_2" and mask_4d:
+        raise AttentionConfigError("attn_implementation 'flash_attention_2' cannot take the 4-D attention mask this "
+                                   "model is fed (transformers#39608)")
     if requested != "auto":
         return requested
-    if device_type == "cuda" and str(dtype).endswith(("bfloat16", "float16")):
+    if device_type == "cuda" and str(dtype).endswith(("bfloat16", "float16")) and not mask_4d:
         if importlib.util.find_spec("flash_attn") is not None:
             return "flash_attention_2"
     return "sdpa"
+
+
+# The models a learner builds. The frozen reference is built lazily by a policy learner even without a KL term
+# (compute_ref_logprobs, rebase_reference), so it is always one of them.
+LEARNER_ROLES = ("policy", "reference", "critic", "reward_model")
+
+
+def learner_roles(cfg: LearnerConfig) -> tuple[str, ...]:
+    """The roles of the models a learner with ``cfg`` may build."""
+    if cfg.trains == "reward_model":
+        return ("reward_model",)
+    return ("policy", "reference", "critic") if cfg.critic.enabled else ("policy", "reference")
+
+
+def fed_4d_mask(cfg: LearnerConfig, role: str) -> bool:
+    """Whether model ``role`` may be fed a 4-D attention mask: the policy's and reference's log-probs pack a
+    shared prompt with its responses behind a 4-D block mask when ``shared_prefix`` (pr_rlhf.rl.packing); critic
+    values and reward-model scores always take the 2-D padding mask (pr_rlhf.rl.forward)."""
+    return cfg.shared_prefix and role in ("policy", "reference")
+
+
+def attention_for(cfg: LearnerConfig, role: str, device_type: str | None = None) -> tuple[torch.dtype, str]:
+    """(load dtype, attention kernel) of the learner's model ``role`` (one of :data:`LEARNER_ROLES`) on
+    ``device_type`` ("cuda" / "cpu"; None: ``cfg.device``, "auto" meaning cuda when torch sees one).
+
+    Load dtype: the trained models (policy, critic, reward model) hold float32 master weights; the frozen reference
+    is stored in the compute dtype under fsdp2 (no optimizer to feed) and in float32 under strategy 'none' (the
+    learner's ``Strategy.reference_dtype``).
+
+    Kernel: chosen by the *compute* dtype ``cfg.dtype``, not the load dtype. FSDP2 mixed precision casts the float32
+    parameters to ``cfg.dtype`` for every forward, so attention receives 16-bit queries / keys / values; under
+    strategy 'none' (autocast) they arrive in float32 and transformers' FA2 integration casts them to the autocast
+    dtype. At load, transformers (5.19, constraints.txt) only warns when flash-attention 2 is asked for a float32
+    model. So a trained model computing in bfloat16 gets flash_attention_2 like the reference does, unless it is
+    fed the packed 4-D mask (:func:`fed_4d_mask`): then sdpa. Raises :class:`AttentionConfigError` for an explicit
+    flash_attention_2 that cannot work (fed the 4-D mask, or float32 compute). tests/unit/test_attention_kernel.py
+    checks each of these facts."""
+    if role not in LEARNER_ROLES:
+        raise ValueError(f"unknown learner model role {role!r} (one of {LEARNER_ROLES})")
+    check_attention_config(cfg)
+    if device_type is None:
+        device_type = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    compute = getattr(torch, cfg.dtype)
+    frozen_low_precision = role == "reference" and cfg.strategy == "fsdp2"
+    load = compute if frozen_low_precision else torch.float32
+    return load, pick_attn_implementation(cfg.attn_implementation, device_type, compute,
+                                          mask_4d=fed_4d_mask(cfg, role))
+
+
+def check_attention_config(cfg: LearnerConfig) -> None:
+    """Refuse an explicit flash_attention_2 that no model of the learner could run (see :func:`attention_for`)."""
+    if cfg.attn_implementation != "flash_attention_2":
+        return
+    if cfg.dtype == "float32":
+        raise AttentionConfigError("learner.attn_implementation 'flash_attention_2' computes in 16-bit only: set "
+                                   "learner.dtype to bfloat16 / float16, or attn_implementation to auto / sdpa")
+    packed = [r for r in learner_roles(cfg) if fed_4d_mask(cfg, r)]
+    if packed:
+        raise AttentionConfigError(
+            f"learner.attn_implementation 'flash_attention_2' with learner.shared_prefix true: the "
+            f"{' and '.join(packed)} are fed the packed 4-D shared-prefix mask, which flash-attention 2 cannot take "
+            f"(transformers#39608); "
+            f"set learner.shared_prefix: false, or attn_implementation: auto (sdpa for those, flash_attention_2 for "
+            f"the others)")
 
 
 def decoder_layer_classes(model: nn.Module) -> tuple[type, ...]:
