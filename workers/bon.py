@@ -234,12 +234,13 @@ def run_bon(recipe: Recipe, address: str | None = None, log: Any = print) -> dic
     sweep's report (``<bon.out>/bon.md`` holds its tables)."""
 
     from pr_rlhf.tracking import make_tracker
-    from workers.ray_utils import start_driver
+    from workers.ray_utils import check_resources, start_driver
 
     cfg = recipe.bon
     if cfg is None:
         raise ValueError("the recipe has no bon: section")
     start_driver(address, 2, shards=cfg.shards, world=cfg.world, log=log)
+    check_resources(recipe, "bon", log=log)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     report = BoNSweep(cfg, seed=recipe.seed, log=log).run()
     with make_tracker(recipe.tracking, cfg.out, f"{recipe.name}/bon", tags={"stage": "bon"}) as tracker:

@@ -333,11 +333,12 @@ def run_rl(recipe: Recipe, address: str | None = None, *, on_step: Callable[[dic
     last (:func:`heldout_rise`)."""
     import math
 
-    from workers.ray_utils import start_driver
+    from workers.ray_utils import check_resources, start_driver
 
     cfg = recipe.train
     if cfg is None:
         raise ValueError("the recipe has no train: section")
     start_driver(address, math.ceil(cpus_needed(recipe)), shards=cfg.data.shards, world=cfg.data.world, log=log)
+    check_resources(recipe, "train", log=log)
     result = RLController(recipe, on_step=on_step).run()
     return result, heldout_rise(result.evals[0], result.evals[-1], result.heldout_users)

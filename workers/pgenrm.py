@@ -676,12 +676,13 @@ def run_pgenrm(recipe: Recipe, stages: list[str] | None = None, address: str | N
     when no GenRM stage is complete: a planner-only run)``."""
 
     from pr_rlhf.pgenrm.report import collect, write_ablation_report
-    from workers.ray_utils import start_driver
+    from workers.ray_utils import check_resources, start_driver
 
     cfg = recipe.pgenrm
     if cfg is None:
         raise ValueError("the recipe has no pgenrm: section")
     start_driver(address, 3, shards=cfg.shards, world=cfg.world if cfg.psi.source == "world" else None, log=log)
+    check_resources(recipe, "pgenrm", log=log)
     results = PGenRMPipeline(recipe, on_step=on_step, on_event=on_event).run(stages)
     if not collect(cfg.out, recipe.seed):
         return results, None

@@ -188,6 +188,29 @@ def start_driver(address: str | None, min_cpus: float, *, shards: str | None = N
     return init_ray(address, num_cpus=max(os.cpu_count() or 1, min_cpus))
 
 
+def check_resources(recipe: Any, command: str, wait_s: float = 120.0, log: Any = print) -> list:
+    """``pr_rlhf.resources.check`` of ``command``'s actors against the cluster this driver joined, before any actor
+    starts: a recipe that cannot run raises here, naming its field, instead of leaving actors pending. A cluster too
+    small may still be growing (a KubeRay job starts once the head is up, worker pods join after): a shortfall is
+    retried for ``wait_s`` seconds on a joined cluster, never on the local one this process started."""
+    import time
+
+    import ray
+
+    from pr_rlhf.resources import ClusterFitError, check
+
+    deadline = time.monotonic() + (0.0 if _STATE is not None and _STATE.started else wait_s)
+    while True:
+        nodes = [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
+        try:
+            return check(recipe, command, nodes)
+        except ClusterFitError as exc:
+            if time.monotonic() >= deadline:
+                raise
+            log(f"{exc}; waiting for nodes to join")
+            time.sleep(5.0)
+
+
 def shutdown_local_ray(remove_temp_dir: bool = True) -> None:
     """Stop the Ray that :func:`init_local_ray` started here (only that one: never ``ray stop``), then remove its
     private temp dir (or, for a caller-given dir, only the ``ray_current_cluster`` marker)."""

@@ -27,7 +27,7 @@ def run_rl_sweep(recipe: Recipe, address: str | None = None, *, on_step: Callabl
     from pr_rlhf.report_files import write_json
     from pr_rlhf.rl.sweep import sweep_rows, write_sweep_report
     from workers.controller import RLController, cpus_needed, in_shards_world
-    from workers.ray_utils import start_driver
+    from workers.ray_utils import check_resources, start_driver
 
     sweep, train = recipe.rl_sweep, recipe.train
     if sweep is None or train is None:
@@ -37,6 +37,7 @@ def run_rl_sweep(recipe: Recipe, address: str | None = None, *, on_step: Callabl
     recipes = {name: arm_recipe(recipe, name) for name in sweep.arms}
     start_driver(address, math.ceil(max(cpus_needed(r) for r in recipes.values())), shards=train.data.shards,
                  world=train.data.world, log=log)
+    check_resources(recipe, "rl-sweep", log=log)
     for name, arm in recipes.items():
         log(f"arm {name}: reward {arm.reward.kind} -> {arm.train.out}")
         RLController(arm, on_step=(lambda m, n=name: on_step(n, m)) if on_step else None).run()

@@ -164,13 +164,14 @@ def run_train_rm(recipe: Recipe, address: str | None = None, *, on_step: StepCal
     mode's RM trained and evaluated, then the report. Returns (results per mode, report rows, report files)."""
     from pr_rlhf.eval.runner import shard_references
     from pr_rlhf.rm.report import user_groups, write_rm_report
-    from workers.ray_utils import start_driver
+    from workers.ray_utils import check_resources, start_driver
 
     cfg = recipe.rm
     if cfg is None:
         raise ValueError("the recipe has no rm: section")
     start_driver(address, cfg.learner.world_size * cfg.learner.num_cpus_per_worker + 1, shards=cfg.shards,
                  world=cfg.world, log=log)
+    check_resources(recipe, "train-rm", log=log)
     results = RMTrainer(recipe, on_step=on_step, log=log).run()
     groups = user_groups(cfg.shards, next(iter(results.values()))["predictions"]) if results else {}
     rows, files = write_rm_report(cfg.out, results, shard_references(cfg.shards),

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, model_validator
 
 
 class StrictModel(BaseModel):
@@ -102,6 +102,29 @@ class VLLMEngineConfig(EngineBase):
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     tensor_parallel_size: int = Field(1, ge=1)
     enable_prefix_caching: bool = True
+    enforce_eager: bool = Field(True, description="no CUDA graphs: quicker start and less GPU memory; False captures "
+                                                  "graphs for faster decoding")
+    distributed_executor_backend: Literal["mp", "ray", "uni"] | None = Field(
+        None, description="how vLLM runs its tensor-parallel workers. None: 'mp' when tensor_parallel_size > 1 "
+                          "(worker processes on the GPUs of the process that builds the engine: a rollout or reward "
+                          "actor holds all of them, on one node), else vLLM's own choice. 'ray' makes vLLM reserve "
+                          "its GPUs from Ray itself: inside an actor (or placement group) that already holds them it "
+                          "waits forever")
+
+    @model_validator(mode="after")
+    def _executor_fits_tp(self) -> VLLMEngineConfig:
+        if self.distributed_executor_backend == "uni" and self.tensor_parallel_size > 1:
+            raise ValueError(f"distributed_executor_backend 'uni' runs one GPU worker: tensor_parallel_size is "
+                             f"{self.tensor_parallel_size} (use 'mp', or leave it unset)")
+        return self
+
+    def executor_backend(self) -> str | None:
+        """The ``distributed_executor_backend`` to build ``vllm.LLM`` with (None: vLLM's default). Set explicitly
+        for tensor parallelism: vLLM's default picks its Ray executor whenever Ray is initialized in the process,
+        which in our actors means asking Ray for GPUs the actor already holds."""
+        if self.distributed_executor_backend is not None:
+            return self.distributed_executor_backend
+        return "mp" if self.tensor_parallel_size > 1 else None
 
 
 class OpenAIEngineConfig(EngineBase):

@@ -62,6 +62,8 @@ ADDED_LEARNER_FIELDS = {"trains": "policy"}
 # The evaluation's named models (none: only the section's own, as before) and the section's name beside them; the
 # quickstart recipes, which use them, were re-dumped into the baseline.
 ADDED_EVAL_FIELDS = {"models": {}, "label": "base"}
+# vLLM engine fields added after the baseline, with the value the engine was built with before (issue 38)
+ADDED_VLLM_FIELDS = {"enforce_eager": True, "distributed_executor_backend": None}
 
 
 def union_members(union: Any) -> set[type[BaseModel]]:
@@ -149,6 +151,9 @@ def test_every_recipe_resolves_to_its_effective_settings_before(name):
             continue
         if path[0] in ("pgenrm", "scaling", "reward") and path[-1] in ADDED_PGENRM_FIELDS:
             assert now_leaves[path] == ADDED_PGENRM_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"
+            continue
+        if path[-1] in ADDED_VLLM_FIELDS:
+            assert now_leaves[path] == ADDED_VLLM_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"
             continue
         if path[:2] == ("pgenrm", "headroom"):
             assert path[-1] != "gate" or now_leaves[path] == "warn", f"{name}: the gate would refuse stages"
