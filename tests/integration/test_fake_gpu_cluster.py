@@ -34,9 +34,11 @@ READY_TIMEOUT_S = 60.0
 
 def gpu_node_shape() -> tuple[int, int]:
     """(CPUs, GPUs) of a GPU worker pod in cluster/kuberay_rayjob.yaml."""
-    spec = yaml.safe_load((ROOT / "cluster" / "kuberay_rayjob.yaml").read_text())["spec"]["rayClusterSpec"]
-    limits = spec["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]
-    return int(limits["cpu"]), int(limits["nvidia.com/gpu"])
+    group = yaml.safe_load((ROOT / "cluster" / "kuberay_rayjob.yaml").read_text())["spec"]["rayClusterSpec"][
+        "workerGroupSpecs"][0]
+    limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+    params = group.get("rayStartParams") or {}
+    return int(params.get("num-cpus", limits["cpu"])), int(params.get("num-gpus", limits["nvidia.com/gpu"]))
 
 
 def free_port() -> int:

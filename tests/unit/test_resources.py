@@ -17,14 +17,20 @@ COMMAND = {"ppo_personalized": "train", "pgenrm_pipeline": "pgenrm", "pgenrm_rea
            "bon_sweep": "bon"}
 
 
+def kuberay_node(group: dict) -> dict[str, float]:
+    """What Ray offers on a pod of ``group``: its container's limits, unless its rayStartParams say otherwise."""
+    limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+    params = group.get("rayStartParams") or {}
+    return {"CPU": float(params.get("num-cpus", limits["cpu"])),
+            "GPU": float(params.get("num-gpus", limits.get("nvidia.com/gpu", 0)))}
+
+
 def kuberay_nodes() -> list[dict[str, float]]:
-    """The nodes of cluster/kuberay_rayjob.yaml: a CPU head and the GPU worker group's replicas."""
+    """The nodes of cluster/kuberay_rayjob.yaml: the head and the GPU worker group's replicas."""
     spec = yaml.safe_load((ROOT / "cluster" / "kuberay_rayjob.yaml").read_text())["spec"]["rayClusterSpec"]
-    head = spec["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
-    nodes = [{"CPU": float(head["cpu"])}]
+    nodes = [kuberay_node(spec["headGroupSpec"])]
     for group in spec["workerGroupSpecs"]:
-        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
-        nodes += [{"CPU": float(limits["cpu"]), "GPU": float(limits["nvidia.com/gpu"])}] * group["replicas"]
+        nodes += [kuberay_node(group)] * group["replicas"]
     return nodes
 
 
