@@ -65,11 +65,9 @@ def generate_sharded(rollouts: list, messages: list, params: SamplingParams) -> 
 
 
 def sync_weights(learner: Any, rollouts: list, version: int) -> None:
-    """The learner's current weights into every rollout engine (one object-store copy for all)."""
-    import ray
-
-    ref = ray.put(learner.state_dict_for_rollout())
-    ray.get([w.load_weights.remote(ref, version) for w in rollouts])
+    """The learner's current weights into every rollout engine (``LearnerGroup.push_weights``: a broadcast over
+    the weight-update group, never through this driver)."""
+    learner.push_weights(rollouts, version)
 
 
 # ---------------------------------------------------------------------------------------------------------------

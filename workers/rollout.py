@@ -3,9 +3,12 @@ a Ray actor, with in-place weight updates for RL.
 
 - ``generate(prompts, params)`` -> one :class:`~pr_rlhf.models.base.Generation` per prompt (``params.n`` samples
   each, with token ids, and per-token log-probabilities when ``params.logprobs``).
-- ``load_weights(state_dict)`` copies new policy weights into the engine (HF: ``load_state_dict``; vLLM: in-place
-  ``reload_weights`` + prefix-cache reset) and bumps ``weights_version``; generations made after it use the new
-  weights. Pass ``version`` to set the counter to the learner's step instead of incrementing it.
+- ``receive_weights(buckets)`` takes new policy weights from the learner over the weight-update group
+  (``pr_rlhf.models.weight_sync``; joined once with ``join_weight_group``), in place (vLLM: through the worker
+  extension in every tensor-parallel worker, then a prefix-cache reset), and bumps ``weights_version``;
+  generations made after it use the new weights. ``load_weights(state_dict)`` does the same from a state dict
+  (the ``object_store`` transport, kept as the baseline). Pass ``version`` to set the counter to the learner's
+  step instead of incrementing it.
 
 On CPU, vLLM torch-compiles a small kernel on the first request that asks for logprobs (~15 s cold, a few s
 with a warm inductor cache); ``env={"TORCH_COMPILE_DISABLE": "1"}`` runs it eagerly instead (what the tests do).
@@ -57,6 +60,20 @@ class RolloutWorker:
     def load_weights(self, state_dict: Mapping[str, Any], version: int | None = None) -> int:
         """Load new weights in place; returns the new ``weights_version``."""
         self.engine.load_weights(state_dict)
+        self.weights_version = self.weights_version + 1 if version is None else int(version)
+        return self.weights_version
+
+    # the weight-update group (pr_rlhf.models.weight_sync; LearnerGroup.push_weights drives it)
+    def weight_receivers(self) -> tuple[int, str]:
+        """(processes that receive in this engine, the dtype they take)."""
+        return self.engine.weight_receivers(), self.cfg.dtype
+
+    def join_weight_group(self, host: str, port: int, first_rank: int, world_size: int, backend: str) -> None:
+        self.engine.join_weight_group(host, port, first_rank, world_size, backend)
+
+    def receive_weights(self, buckets: list, version: int | None = None) -> int:
+        """The learner's broadcast, in place; returns the new ``weights_version``."""
+        self.engine.receive_weights(buckets)
         self.weights_version = self.weights_version + 1 if version is None else int(version)
         return self.weights_version
 

@@ -82,6 +82,13 @@ class LearnerConfig(StrictModel):
     torch_threads: int | None = Field(None, ge=1, description="intra-op CPU threads of each rank; None: Ray's "
                                                               "default (floor(num_cpus_per_worker), at least 1)")
     gradient_checkpointing: bool = False
+    weight_sync: Literal["broadcast", "object_store"] = Field(
+        "broadcast", description="how the policy reaches the rollout engines: 'broadcast' over a weight-update "
+                                 "process group, parameter by parameter in rollout-dtype buckets "
+                                 "(pr_rlhf.models.weight_sync; never through the driver, never whole on a host); "
+                                 "'object_store': rank 0's full state dict through the driver and Ray's object "
+                                 "store (the earlier path, kept as the bench's baseline)")
+    weight_sync_bucket_mb: int = Field(256, ge=1, description="largest broadcast of the 'broadcast' weight sync")
 
     # optimizer (AdamW)
     lr: float = Field(1e-6, gt=0)

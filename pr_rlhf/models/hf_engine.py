@@ -287,6 +287,35 @@ class HFEngine:
         with torch.no_grad():
             self.model.load_state_dict(dict(state_dict), strict=False)
 
+    # weight-update group (pr_rlhf.models.weight_sync): this engine is one receiver
+    def weight_receivers(self) -> int:
+        return 1
+
+    def join_weight_group(self, host: str, port: int, first_rank: int, world_size: int, backend: str) -> None:
+        from pr_rlhf.models.weight_sync import WeightUpdateGroup
+
+        self._weight_group = WeightUpdateGroup(host, port, first_rank, world_size, backend=backend,
+                                               device=self.device)
+
+    def receive_weights(self, buckets: list) -> None:
+        """The learner's weights from the group, copied in place by name; every parameter must arrive."""
+        import torch
+
+        from pr_rlhf.models.weight_sync import receive_buckets
+
+        params = dict(self.model.named_parameters(remove_duplicate=False))   # tied ones under each name
+        missing = set(params)
+        with torch.no_grad():
+            for tensors in receive_buckets(self._weight_group, buckets, self.device):
+                for name, tensor in tensors:
+                    if name not in params:
+                        raise ValueError(f"receive_weights: {name} is not a parameter of this model")
+                    params[name].copy_(tensor)
+                    missing.discard(name)
+        if missing:
+            raise ValueError(f"receive_weights: the sync left {len(missing)} parameters unchanged "
+                             f"({sorted(missing)[:5]})")
+
     def close(self) -> None:
         self.model = None
         import gc

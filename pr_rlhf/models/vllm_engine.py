@@ -7,8 +7,8 @@ bounded KV cache (``VLLM_CPU_KVCACHE_SPACE`` GiB).
 
 Scoring (``score_continuations``) uses prompt log-probabilities. vLLM skips the prefix cache for requests that
 ask for them unless told otherwise; we do tell it, which is safe for the positions we read (all after the
-shared prefix) -- with one catch found on vllm-cpu 0.32 (docs/measurements.md): positions served from the cache hold garbage ids,
-and detokenizing them raises ``OverflowError``, so these requests run with ``detokenize=False``. The first
+shared prefix) -- with one catch found on vllm-cpu 0.32 (docs/measurements.md): positions served from the cache
+hold garbage ids, and detokenizing them raises ``OverflowError``, so these requests run with ``detokenize=False``. The first
 continuation token is predicted from the prefix's last position, which may itself be cached, so its
 log-probability comes from one prefix-only request with ``logprob_token_ids`` (which also warms the cache).
 """
@@ -58,7 +58,8 @@ class VLLMEngine:
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", device: str = "cpu", max_model_len: int = 2048,
                  seed: int = 0, enable_prefix_caching: bool = True, gpu_memory_utilization: float = 0.5,
-                 tensor_parallel_size: int = 1, **llm_kwargs: Any) -> None:
+                 tensor_parallel_size: int = 1, enforce_eager: bool = True,
+                 distributed_executor_backend: str | None = None, **llm_kwargs: Any) -> None:
         on_gpu = device.startswith("cuda")
         if not on_gpu:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -75,9 +76,16 @@ class VLLMEngine:
         self.tokenizer = load_tokenizer(model_dir)
         self.uncached_rescores = 0  # scoring requests redone because the cache covered the continuation
         gpu_kwargs = ({"gpu_memory_utilization": gpu_memory_utilization,
-                       "tensor_parallel_size": tensor_parallel_size} if on_gpu else {})
-        self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, enforce_eager=True,
-                       enable_prefix_caching=enable_prefix_caching, seed=seed, **gpu_kwargs, **llm_kwargs)
+                       "tensor_parallel_size": tensor_parallel_size,
+                       **({"distributed_executor_backend": distributed_executor_backend}
+                          if distributed_executor_backend else {})} if on_gpu else {})
+        from pr_rlhf.models.vllm_weight_receiver import EXTENSION
+
+        self.tensor_parallel_size = tensor_parallel_size if on_gpu else 1
+        self.dtype = dtype
+        self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager,
+                       enable_prefix_caching=enable_prefix_caching, seed=seed, worker_extension_cls=EXTENSION,
+                       **gpu_kwargs, **llm_kwargs)
 
     @classmethod
     def from_config(cls, cfg: VLLMEngineConfig) -> VLLMEngine:
@@ -86,7 +94,8 @@ class VLLMEngine:
         return cls(resolve_model(cfg.model), dtype=cfg.dtype, device=cfg.device, max_model_len=cfg.max_model_len,
                    seed=cfg.seed, enable_prefix_caching=cfg.enable_prefix_caching,
                    gpu_memory_utilization=cfg.gpu_memory_utilization,
-                   tensor_parallel_size=cfg.tensor_parallel_size)
+                   tensor_parallel_size=cfg.tensor_parallel_size, enforce_eager=cfg.enforce_eager,
+                   distributed_executor_backend=cfg.executor_backend())
 
     def __repr__(self) -> str:
         return f"VLLMEngine(model_dir={self.model_dir!r}, prefix_caching={self.enable_prefix_caching})"
@@ -188,6 +197,19 @@ class VLLMEngine:
         blocks were computed with the old weights. On CPU this needs the in-process engine
         (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by the constructor)."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state_dict.items())})
+        self.llm.reset_prefix_cache()
+
+    # weight-update group (pr_rlhf.models.weight_sync): every tensor-parallel worker is one receiver
+    def weight_receivers(self) -> int:
+        return self.tensor_parallel_size
+
+    def join_weight_group(self, host: str, port: int, first_rank: int, world_size: int, backend: str) -> None:
+        self.llm.collective_rpc("pr_weights_join", args=(host, port, first_rank, world_size, backend))
+
+    def receive_weights(self, buckets: list) -> None:
+        """The learner's weights from the group, in place; then the prefix cache is dropped (its KV blocks were
+        computed with the old weights)."""
+        self.llm.collective_rpc("pr_weights_receive", args=(buckets,))
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:

@@ -112,6 +112,44 @@ class LearnerGroup:
     def state_dict_for_rollout(self, dtype: str | None = None) -> dict[str, torch.Tensor]:
         return self._call_all("state_dict_for_rollout", dtype)[0]
 
+    def push_weights(self, rollouts: list, version: int) -> None:
+        """The policy into every rollout engine (``RolloutWorker`` actors), as ``config.weight_sync`` says:
+        'broadcast' over a weight-update group joined on the first call for these engines (the driver passes
+        only the plan: names and shapes), or 'object_store' (rank 0's full state dict through the driver)."""
+        import ray
+
+        if self.config.weight_sync == "object_store":
+            ref = ray.put(self.state_dict_for_rollout())
+            ray.get([w.load_weights.remote(ref, version) for w in rollouts])
+            return
+        if getattr(self, "_weight_sync_for", None) != rollouts:
+            self._join_weight_group(rollouts)
+        plan = ray.get(self.workers[0].weight_plan.remote(self._rollout_dtype,
+                                                          self.config.weight_sync_bucket_mb << 20))
+        ray.get([w.send_weights.remote(plan) for w in self.workers]
+                + [r.receive_weights.remote(plan, version) for r in rollouts])
+
+    def _join_weight_group(self, rollouts: list) -> None:
+        import ray
+
+        receivers = ray.get([r.weight_receivers.remote() for r in rollouts])
+        dtypes = {dtype for _, dtype in receivers}
+        if len(dtypes) != 1:
+            raise ValueError(f"weight sync: the rollout engines run different dtypes {sorted(dtypes)}; one "
+                             f"broadcast serves one dtype")
+        self._rollout_dtype = dtypes.pop()
+        world_size = 1 + sum(n for n, _ in receivers)
+        host, port, _ = ray.get(self.workers[0].node_endpoint.remote())
+        first, calls = 1, [self.workers[0].join_weight_group.remote(host, port, world_size)]
+        for rollout, (n, _) in zip(rollouts, receivers):
+            calls.append(rollout.join_weight_group.remote(host, port, first, world_size, self._backend()))
+            first += n
+        ray.get(calls)   # the group forms once every member has joined
+        self._weight_sync_for = list(rollouts)
+
+    def _backend(self) -> str:
+        return "nccl" if self.info[0]["device"].startswith("cuda") else "gloo"
+
     def save_checkpoint(self, path: str | os.PathLike, step: int, data_position: Any = None) -> str:
         return self._call_all("save_checkpoint", str(path), step, data_position)[0]
 

@@ -42,7 +42,7 @@ from pr_rlhf.configs.learner import LearnerConfig
 from pr_rlhf.rl import objectives
 from pr_rlhf.rl.batches import collate, join_pair_sides, minibatch_index, reward_model_batch, scored_rows
 from pr_rlhf.rl.forward import response_logprobs, response_values, sequence_rewards
-from pr_rlhf.rl.modeling import load_causal_lm, load_critic, load_reward_model, pick_attn_implementation
+from pr_rlhf.rl.modeling import attention_for, load_causal_lm, load_critic, load_reward_model
 from pr_rlhf.rl.update_log import UpdateLog
 from pr_rlhf.threads import set_torch_threads
 from workers.learner import checkpoint
@@ -117,7 +117,8 @@ class LearnerWorker:
 
     def _setup_policy(self) -> None:
         cfg = self.config
-        policy = load_causal_lm(self.model_dir, torch.float32, self._attn(torch.float32), trainable=True,
+        dtype, attn = self._attn("policy")
+        policy = load_causal_lm(self.model_dir, dtype, attn, trainable=True,
                                 gradient_checkpointing=cfg.gradient_checkpointing)
         self.pad_token_id = int(getattr(policy.config, "pad_token_id", None) or 0)
         self.policy = self.strategy.wrap(policy)
@@ -125,7 +126,7 @@ class LearnerWorker:
         if cfg.needs_reference:
             self._build_reference()
         if cfg.critic.enabled:
-            critic = load_critic(self.model_dir, self._attn(torch.float32),
+            critic = load_critic(self.model_dir, self._attn("critic")[1],
                                  gradient_checkpointing=cfg.gradient_checkpointing)
             self.critic = self.strategy.wrap(critic)
             self.critic_optimizer = self._build_optimizer(self.critic, cfg.critic.lr, cfg.critic.weight_decay)
@@ -141,7 +142,7 @@ class LearnerWorker:
         # the pad id the scalar RM scores with (pr_rlhf.reward.scalar): eos when the tokenizer has none
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad or 0)
-        model = load_reward_model(self.model_dir, self._attn(torch.float32), self.pad_token_id,
+        model = load_reward_model(self.model_dir, self._attn("reward_model")[1], self.pad_token_id,
                                   gradient_checkpointing=cfg.gradient_checkpointing)
         self.reward_model = self.strategy.wrap(model)
         self.optimizer = self._build_optimizer(self.reward_model, cfg.lr, cfg.weight_decay)
@@ -161,12 +162,13 @@ class LearnerWorker:
                 "optimizer_steps": self.optimizer_steps, "setup_time_s": getattr(self, "setup_time_s", None),
                 "pid": os.getpid(), "node_id": self.node_endpoint()[2]}
 
-    def _attn(self, dtype: torch.dtype) -> str:
-        return pick_attn_implementation(self.config.attn_implementation, self.device.type, dtype)
+    def _attn(self, role: str) -> tuple[torch.dtype, str]:
+        """(load dtype, attention kernel) of model ``role``: pr_rlhf.rl.modeling.attention_for."""
+        return attention_for(self.config, role, self.device.type)
 
     def _build_reference(self) -> None:
-        dtype = self.strategy.reference_dtype
-        self.ref = self.strategy.wrap(load_causal_lm(self.model_dir, dtype, self._attn(dtype), trainable=False),
+        dtype, attn = self._attn("reference")   # dtype == self.strategy.reference_dtype (tested)
+        self.ref = self.strategy.wrap(load_causal_lm(self.model_dir, dtype, attn, trainable=False),
                                       frozen=True)
 
     def _build_optimizer(self, model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -395,6 +397,43 @@ class LearnerWorker:
             state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
         return state
 
+    # ------------------------------------------------------------------------- weight sync (weight-update group)
+    def weight_plan(self, dtype: str, bucket_bytes: int) -> list:
+        """The policy's parameters (HF names, full shapes) in buckets of ``dtype``: the metadata every member of
+        the weight-update group follows (``pr_rlhf.models.weight_sync``)."""
+        from pr_rlhf.models.weight_sync import plan_buckets
+
+        self._require_ready()
+        # tied parameters under every name: vLLM's in-place reload re-creates a layer's parameters, so a tied
+        # lm_head would keep the old embedding unless it is sent too
+        return plan_buckets(((n, tuple(p.shape)) for n, p in self.policy.named_parameters(remove_duplicate=False)),
+                            dtype, bucket_bytes)
+
+    def join_weight_group(self, host: str, port: int, world_size: int) -> None:
+        """Rank 0 joins the weight-update group as its sender (group rank 0); the other ranks only help gather."""
+        from pr_rlhf.models.weight_sync import WeightUpdateGroup
+
+        if self.rank == 0:
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            self._weight_group = WeightUpdateGroup(host, port, 0, world_size, backend=backend, device=self.device)
+
+    def send_weights(self, buckets: list) -> int:
+        """Broadcast the policy bucket by bucket: every rank gathers one parameter at a time (a collective of the
+        learner ranks), rank 0 packs it into the bucket (cast to the bucket's dtype) and sends. Collective; returns
+        the bytes rank 0 sent (0 on the others)."""
+        from pr_rlhf.models.weight_sync import send_buckets
+
+        self._require_ready()
+        self.strategy.reshard(self.policy)
+        params = dict(self.policy.named_parameters(remove_duplicate=False))
+
+        def full_tensor(name: str) -> torch.Tensor:
+            p = params[name].detach()
+            return p.full_tensor() if hasattr(p, "full_tensor") else p
+
+        with torch.no_grad():
+            return send_buckets(getattr(self, "_weight_group", None), buckets, full_tensor, self.device)
+
     # -------------------------------------------------------------------------------------------- checkpoints
     def _trained_models(self) -> list[tuple[str, nn.Module, torch.optim.Optimizer]]:
         if self.config.trains == "reward_model":
@@ -405,9 +444,11 @@ class LearnerWorker:
         return out
 
     def save_checkpoint(self, path: str | os.PathLike, step: int, data_position: Any = None) -> str:
-        """Save everything needed to resume exactly: weights (safetensors, an HF-loadable directory per model),
-        optimizer state, per-rank RNG states, ``step`` and ``data_position`` (any JSON value). ``meta.json`` is
-        written last: its presence marks a complete checkpoint. Collective; returns the directory."""
+        """Save everything needed to resume exactly: every rank writes its shards of the weights and optimizer
+        states (``workers.learner.checkpoint``: torch.distributed.checkpoint, loadable at any world size) and its
+        RNG states; the policy (or reward model) is streamed out as an HF model directory beside them; ``step`` and
+        ``data_position`` (any JSON value) go into ``meta.json``, written last: its presence marks a complete
+        checkpoint. Collective; returns the directory."""
         self._require_ready(self.config.trains)
         meta = {"step": int(step), "data_position": data_position, "strategy": self.config.strategy,
                 "optimizer_steps": self.optimizer_steps, "critic_optimizer_steps": self.critic_optimizer_steps,
@@ -418,14 +459,14 @@ class LearnerWorker:
                                    ranks=self.ranks, model_dir=self.model_dir, meta=meta)
         return str(Path(path))
 
-    def export_model(self, path: str | os.PathLike) -> str:
-        """The trained model (policy or reward model) as an HF model folder: safetensors weights, its config and
-        the tokenizer, nothing to resume from. Collective; returns the folder."""
+    def export_model(self, path: str | os.PathLike, max_shard_bytes: int | None = None) -> str:
+        """The trained model (policy or reward model) as an HF model folder: safetensors weights (one file, or HF's
+        sharded layout of files up to ``max_shard_bytes``, default ``checkpoint.EXPORT_SHARD_BYTES``), its config
+        and the tokenizer, nothing to resume from. Streamed: the ranks gather one tensor at a time and rank 0
+        writes one file at a time, so no host holds the whole model. Collective; returns the folder."""
         self._require_ready(self.config.trains)
-        state = self._full_state(self.trained)
-        if self.rank == 0:
-            checkpoint.export_hf_folder(Path(path), state, self.model_dir, self.trained)
-        self.ranks.barrier()
+        checkpoint.export_hf_folder(Path(path), self.trained, self.model_dir, self.strategy, self.ranks,
+                                    max_shard_bytes or checkpoint.EXPORT_SHARD_BYTES)
         return str(Path(path))
 
     @staticmethod
@@ -434,30 +475,32 @@ class LearnerWorker:
 
     def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
         """Restore weights, optimizer state, RNG states and counters saved by ``save_checkpoint`` (any world size
-        for weights and optimizer; RNG states per rank when the world size matches). Collective. Returns
-        ``{"step", "data_position", ...}`` from the checkpoint."""
+        for weights and optimizer; RNG states per rank when the world size matches; a v1 checkpoint's full files
+        too). Collective. Returns ``{"step", "data_position", ...}`` from the checkpoint."""
         self._require_ready(self.config.trains)
         root = Path(path)
         meta = checkpoint.read_checkpoint_meta(root)
+        models: dict[str, tuple[nn.Module, torch.optim.Optimizer | None]] = {}
         for name, model, optimizer in self._trained_models():
             if name not in meta["models"]:
                 raise ValueError(f"{root}: the checkpoint holds no {name!r} (saved with {sorted(meta['models'])})")
-            checkpoint.load_full_model_state(model, checkpoint.read_weights(root / name, self.ranks), self.strategy,
-                                             self.ranks)
             if meta["models"][name]["optimizer"]:
-                checkpoint.load_optimizer_state(model, optimizer, root / name, self.ranks)
-            else:  # saved before the first step: a fresh optimizer
-                fresh = self._build_optimizer(model, optimizer.param_groups[0]["lr"],
-                                              optimizer.param_groups[0]["weight_decay"])
-                if name == "critic":
-                    self.critic_optimizer = fresh
-                else:
-                    self.optimizer = fresh
+                models[name] = (model, optimizer)
+                continue
+            # saved before the first step: a fresh optimizer
+            fresh = self._build_optimizer(model, optimizer.param_groups[0]["lr"],
+                                          optimizer.param_groups[0]["weight_decay"])
+            if name == "critic":
+                self.critic_optimizer = fresh
+            else:
+                self.optimizer = fresh
+            models[name] = (model, None)
         if "reference" in meta["models"]:
             if self.ref is None:
                 self._build_reference()
-            checkpoint.load_full_model_state(self.ref, checkpoint.read_weights(root / "reference", self.ranks),
-                                             self.strategy, self.ranks)
+            models["reference"] = (self.ref, None)
+        checkpoint.load_checkpoint(root, meta, models, self.strategy, self.ranks)
+        if "reference" in meta["models"]:
             self.ref_rebased = True
         if not checkpoint.restore_rng(root, meta, self.ranks, self.config.seed):
             log.warning("%s: no RNG state for rank %d of %d; reseeding", root, self.rank, self.world_size)
