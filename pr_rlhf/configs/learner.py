@@ -82,6 +82,11 @@ class LearnerConfig(StrictModel):
     torch_threads: int | None = Field(None, ge=1, description="intra-op CPU threads of each rank; None: Ray's "
                                                               "default (floor(num_cpus_per_worker), at least 1)")
     gradient_checkpointing: bool = False
+    load_weights_on: Literal["rank0", "every_rank"] = Field(
+        "rank0", description="'rank0': with fsdp2 over several ranks only rank 0 reads the weights, the others "
+                             "build the model on the meta device and receive their shards from rank 0 (host "
+                             "memory of one model on one rank per group); 'every_rank': each rank loads the whole "
+                             "model (the earlier path, for the bench)")
     weight_sync: Literal["broadcast", "object_store"] = Field(
         "broadcast", description="how the policy reaches the rollout engines: 'broadcast' over a weight-update "
                                  "process group, parameter by parameter in rollout-dtype buckets "

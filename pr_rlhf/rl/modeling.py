@@ -155,13 +155,26 @@ def _no_dropout(module: nn.Module) -> None:
             m.p = 0.0
 
 
+def _build(auto_class: Any, model_dir: str, meta: bool, **kwargs: Any) -> nn.Module:
+    """``auto_class`` from ``model_dir``'s weights, or (``meta``) its structure alone on the meta device: no
+    memory, no file read but the config; the weights arrive later (the learner broadcasts rank 0's)."""
+    if not meta:
+        return auto_class.from_pretrained(model_dir, **kwargs)
+    from transformers import AutoConfig
+
+    config_kwargs = {k: kwargs.pop(k) for k in ("num_labels",) if k in kwargs}
+    config = AutoConfig.from_pretrained(model_dir, **config_kwargs)
+    with torch.device("meta"):
+        return auto_class.from_config(config, **kwargs)
+
+
 def load_causal_lm(model_dir: str, dtype: torch.dtype, attn_implementation: str, *, trainable: bool,
-                   gradient_checkpointing: bool = False) -> nn.Module:
+                   gradient_checkpointing: bool = False, meta: bool = False) -> nn.Module:
     """The policy (``trainable``: train mode, optionally gradient checkpointing) or a frozen copy (eval mode, no
-    gradients) for the reference; dropout off either way."""
+    gradients) for the reference; dropout off either way. ``meta``: the structure only (see ``_build``)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn_implementation)
+    model = _build(AutoModelForCausalLM, model_dir, meta, dtype=dtype, attn_implementation=attn_implementation)
     _no_dropout(model)
     if trainable:
         if gradient_checkpointing:
@@ -172,29 +185,32 @@ def load_causal_lm(model_dir: str, dtype: torch.dtype, attn_implementation: str,
     return model
 
 
-def load_critic(model_dir: str, attn_implementation: str, *, gradient_checkpointing: bool = False) -> CriticModel:
+def load_critic(model_dir: str, attn_implementation: str, *, gradient_checkpointing: bool = False,
+                meta: bool = False) -> CriticModel:
     """The critic in float32, train mode: the backbone's initial weights and a fresh value head (drawn from the
-    torch RNG: seed it first for the same head on every rank)."""
+    torch RNG: seed it first for the same head on every rank). ``meta``: the structure only."""
     from transformers import AutoModel
 
-    backbone = AutoModel.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn_implementation)
+    backbone = _build(AutoModel, model_dir, meta, dtype=torch.float32, attn_implementation=attn_implementation)
     _no_dropout(backbone)
     if gradient_checkpointing:
         backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    critic = CriticModel(backbone, backbone.config.hidden_size,
-                         float(getattr(backbone.config, "initializer_range", 0.02)))
+    with torch.device("meta" if meta else "cpu"):
+        critic = CriticModel(backbone, backbone.config.hidden_size,
+                             float(getattr(backbone.config, "initializer_range", 0.02)))
     critic._no_split_modules = backbone._no_split_modules  # type: ignore[attr-defined]
     return critic.train()
 
 
 def load_reward_model(model_dir: str, attn_implementation: str, pad_token_id: int, *,
-                      gradient_checkpointing: bool = False) -> RewardModel:
+                      gradient_checkpointing: bool = False, meta: bool = False) -> RewardModel:
     """A reward model in float32, train mode, from ``model_dir``: a trained RM's folder keeps its head; a causal
-    LM's gets a fresh one (drawn from the torch RNG: seed it first for the same head on every rank)."""
+    LM's gets a fresh one (drawn from the torch RNG: seed it first for the same head on every rank). ``meta``: the
+    structure only."""
     from transformers import AutoModelForSequenceClassification
 
-    hf = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, dtype=torch.float32,
-                                                            attn_implementation=attn_implementation)
+    hf = _build(AutoModelForSequenceClassification, model_dir, meta, num_labels=1, dtype=torch.float32,
+                attn_implementation=attn_implementation)
     if not isinstance(getattr(hf, "score", None), nn.Module):
         raise ValueError(f"{model_dir}: {type(hf).__name__} has no 'score' head: a reward model needs a decoder "
                          f"model with a sequence-classification class (Llama, Qwen2, SmolLM2, ...)")

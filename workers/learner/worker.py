@@ -28,7 +28,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,13 @@ from workers.learner.ranks import join_process_group, node_endpoint
 from workers.learner.strategy import make_strategy
 
 log = logging.getLogger(__name__)
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (Linux reports kilobytes)."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 class LearnerWorker:
@@ -118,17 +125,17 @@ class LearnerWorker:
     def _setup_policy(self) -> None:
         cfg = self.config
         dtype, attn = self._attn("policy")
-        policy = load_causal_lm(self.model_dir, dtype, attn, trainable=True,
-                                gradient_checkpointing=cfg.gradient_checkpointing)
-        self.pad_token_id = int(getattr(policy.config, "pad_token_id", None) or 0)
-        self.policy = self.strategy.wrap(policy)
+        self.policy = self._place(lambda meta: load_causal_lm(
+            self.model_dir, dtype, attn, trainable=True, gradient_checkpointing=cfg.gradient_checkpointing,
+            meta=meta))
+        self.pad_token_id = int(getattr(self.policy.config, "pad_token_id", None) or 0)
         self.optimizer = self._build_optimizer(self.policy, cfg.lr, cfg.weight_decay)
         if cfg.needs_reference:
             self._build_reference()
         if cfg.critic.enabled:
-            critic = load_critic(self.model_dir, self._attn("critic")[1],
-                                 gradient_checkpointing=cfg.gradient_checkpointing)
-            self.critic = self.strategy.wrap(critic)
+            self.critic = self._place(lambda meta: load_critic(
+                self.model_dir, self._attn("critic")[1], gradient_checkpointing=cfg.gradient_checkpointing,
+                meta=meta))
             self.critic_optimizer = self._build_optimizer(self.critic, cfg.critic.lr, cfg.critic.weight_decay)
         from pr_rlhf.algos import POLICY_LOSSES
 
@@ -142,9 +149,9 @@ class LearnerWorker:
         # the pad id the scalar RM scores with (pr_rlhf.reward.scalar): eos when the tokenizer has none
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad or 0)
-        model = load_reward_model(self.model_dir, self._attn("reward_model")[1], self.pad_token_id,
-                                  gradient_checkpointing=cfg.gradient_checkpointing)
-        self.reward_model = self.strategy.wrap(model)
+        self.reward_model = self._place(lambda meta: load_reward_model(
+            self.model_dir, self._attn("reward_model")[1], self.pad_token_id,
+            gradient_checkpointing=cfg.gradient_checkpointing, meta=meta))
         self.optimizer = self._build_optimizer(self.reward_model, cfg.lr, cfg.weight_decay)
 
     @property
@@ -160,7 +167,8 @@ class LearnerWorker:
                 "model_dir": self.model_dir, "local_trained_params": int(n_params),
                 "reference": self.ref is not None, "critic": self.critic is not None,
                 "optimizer_steps": self.optimizer_steps, "setup_time_s": getattr(self, "setup_time_s", None),
-                "pid": os.getpid(), "node_id": self.node_endpoint()[2]}
+                "pid": os.getpid(), "node_id": self.node_endpoint()[2], "peak_rss_bytes": _peak_rss_bytes(),
+                "read_weights": getattr(self, "read_weights", None)}
 
     def _attn(self, role: str) -> tuple[torch.dtype, str]:
         """(load dtype, attention kernel) of model ``role``: pr_rlhf.rl.modeling.attention_for."""
@@ -168,8 +176,32 @@ class LearnerWorker:
 
     def _build_reference(self) -> None:
         dtype, attn = self._attn("reference")   # dtype == self.strategy.reference_dtype (tested)
-        self.ref = self.strategy.wrap(load_causal_lm(self.model_dir, dtype, attn, trainable=False),
-                                      frozen=True)
+        self.ref = self._place(lambda meta: load_causal_lm(self.model_dir, dtype, attn, trainable=False, meta=meta),
+                               frozen=True)
+
+    def _place(self, build: Callable[[bool], nn.Module], frozen: bool = False) -> nn.Module:
+        """A model placed (and sharded) by the strategy. With fsdp2 over several ranks and ``load_weights_on:
+        rank0``, only rank 0 reads the weights (``build(False)``); the others build the structure on the meta
+        device (``build(True)``), allocate just their shards, and receive rank 0's weights and buffers by
+        broadcast: one full copy on one host per group instead of one per rank."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        from_rank0 = (self.config.strategy == "fsdp2" and self.ranks.distributed
+                      and self.config.load_weights_on == "rank0")
+        self.read_weights = not (from_rank0 and self.rank != 0)
+        model = build(not self.read_weights)
+        full = model.state_dict() if from_rank0 and self.rank == 0 else {}
+        model = self.strategy.wrap(model, frozen=frozen)
+        if from_rank0:
+            if self.rank != 0:
+                model.to_empty(device=self.device)
+            set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True,
+                                                                       broadcast_from_rank0=True, strict=True))
+            del full
+            for buffer in model.buffers():   # non-persistent ones (rotary frequencies) are in no state dict
+                dist.broadcast(buffer, src=0)
+            self.strategy.reshard(model)
+        return model
 
     def _build_optimizer(self, model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
         params = [p for p in model.parameters() if p.requires_grad]
