@@ -60,6 +60,7 @@ BENCHES: tuple[Bench, ...] = (
     Bench("scaling_cost", "scaling_cost.py"),
     Bench("bon_sweep", "bon_sweep.py"),
     Bench("grpo_throughput", "grpo_throughput.py"),
+    Bench("weight_sync", "weight_sync.py"),
     Bench("reward_service_load", "reward_service_load.py", ("--scorer", "pgenrm")),
     Bench("reward_service_load_scalar", "reward_service_load.py", ("--scorer", "scalar")),
 )

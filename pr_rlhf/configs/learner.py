@@ -94,6 +94,10 @@ class LearnerConfig(StrictModel):
                                  "'object_store': rank 0's full state dict through the driver and Ray's object "
                                  "store (the earlier path, kept as the bench's baseline)")
     weight_sync_bucket_mb: int = Field(256, ge=1, description="largest broadcast of the 'broadcast' weight sync")
+    weight_sync_backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="the weight-update group's backend: 'auto' = nccl when the learner is on GPU, else "
+                            "gloo; 'gloo' on GPU stages each bucket through host memory, for an engine sharing "
+                            "the learner's GPU (NCCL refuses two ranks on one device)")
 
     # optimizer (AdamW)
     lr: float = Field(1e-6, gt=0)

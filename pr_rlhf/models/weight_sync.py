@@ -102,6 +102,11 @@ class WeightUpdateGroup:
 
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
+        if self.backend == "gloo" and tensor.device.type != "cpu":   # gloo moves host memory: one bucket staged
+            host = tensor.cpu() if self.rank == 0 else torch.empty(tensor.shape, dtype=tensor.dtype)
+            self._pg.broadcast([host], opts).wait()
+            tensor.copy_(host)
+            return
         self._pg.broadcast([tensor], opts).wait()
 
     def close(self) -> None:

@@ -140,7 +140,7 @@ class LearnerGroup:
         self._rollout_dtype = dtypes.pop()
         world_size = 1 + sum(n for n, _ in receivers)
         host, port, _ = ray.get(self.workers[0].node_endpoint.remote())
-        first, calls = 1, [self.workers[0].join_weight_group.remote(host, port, world_size)]
+        first, calls = 1, [self.workers[0].join_weight_group.remote(host, port, world_size, self._backend())]
         for rollout, (n, _) in zip(rollouts, receivers):
             calls.append(rollout.join_weight_group.remote(host, port, first, world_size, self._backend()))
             first += n
@@ -148,6 +148,8 @@ class LearnerGroup:
         self._weight_sync_for = list(rollouts)
 
     def _backend(self) -> str:
+        if self.config.weight_sync_backend != "auto":
+            return self.config.weight_sync_backend
         return "nccl" if self.info[0]["device"].startswith("cuda") else "gloo"
 
     def save_checkpoint(self, path: str | os.PathLike, step: int, data_position: Any = None) -> str:

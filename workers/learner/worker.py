@@ -441,12 +441,11 @@ class LearnerWorker:
         return plan_buckets(((n, tuple(p.shape)) for n, p in self.policy.named_parameters(remove_duplicate=False)),
                             dtype, bucket_bytes)
 
-    def join_weight_group(self, host: str, port: int, world_size: int) -> None:
+    def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> None:
         """Rank 0 joins the weight-update group as its sender (group rank 0); the other ranks only help gather."""
         from pr_rlhf.models.weight_sync import WeightUpdateGroup
 
         if self.rank == 0:
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
             self._weight_group = WeightUpdateGroup(host, port, 0, world_size, backend=backend, device=self.device)
 
     def send_weights(self, buckets: list) -> int:

@@ -1,0 +1,98 @@
+"""Benchmark of the weight sync learner -> rollout engine: the weight-update group's bucketed broadcast (ours,
+``learner.weight_sync: broadcast``) vs the earlier path (rank 0's full state dict through the driver and Ray's
+object store, ``object_store``), on the same learner and engine, in one run.
+
+Setup: a Qwen2 of Qwen2.5-0.5B's shape (random init, float32, built from its config: 494M parameters; ``--quick``:
+a ~25M one), a 2-rank FSDP2 learner (gloo) and one HF rollout engine, all on a private local Ray. After one
+warm-up sync per path (the group forms on the first), ``--syncs`` timed syncs per path, alternating. Measured:
+seconds per sync, and the peak host memory above the idle level summed over this process tree (the driver, the
+raylet, the object store's shared memory and every actor: ``pr_rlhf.peak_memory.PeakRSS``), per path. Both paths
+leave the engine with the same weights (tests/integration/test_weight_sync.py).
+
+    BENCH weight_sync s_per_sync_broadcast=.. s_per_sync_object_store=.. peak_extra_gb_broadcast=..
+          peak_extra_gb_object_store=.. params=.. config=.. baseline=.. ours=.. ratio=<object_store s / broadcast s>
+
+Run: ``.venv/bin/python bench/weight_sync.py`` (~5 min and ~10 GB on 2 cores) or ``--quick``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from common import Result, fmt, header, run
+
+QWEN05B = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+           "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True,
+           "max_position_embeddings": 2048}
+SMALL = {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 6, "num_key_value_heads": 2,
+         "intermediate_size": 1024, "vocab_size": 32000, "tie_word_embeddings": True}
+
+
+def measure(args: argparse.Namespace) -> Result:
+    import ray
+
+    from pr_rlhf.configs.recipe import engine_config
+    from pr_rlhf.models.sources import resolve_model
+    from pr_rlhf.peak_memory import PeakRSS
+    from workers.learner import LearnerGroup
+    from workers.ray_utils import init_local_ray, shutdown_local_ray
+    from workers.rollout import spawn_rollout_worker
+
+    shape = SMALL if args.quick else QWEN05B
+    model = resolve_model("tiny:" + json.dumps(shape, sort_keys=True))
+    header(benchmark="weight sync learner -> rollout engine", model=f"Qwen2 {shape} (random init, float32)",
+           learner="2 ranks, FSDP2 over gloo", engine="1 HF rollout worker", syncs=args.syncs)
+    init_local_ray(num_cpus=2)
+    try:
+        rollout = spawn_rollout_worker(engine_config(backend="hf", model=model, dtype="float32",
+                                                     max_model_len=256), num_cpus=0.5)
+        learner = LearnerGroup({"model": model, "world_size": 2, "strategy": "fsdp2", "device": "cpu",
+                                "num_cpus_per_worker": 0.5})
+        ray.get(rollout.ready.remote())
+        params = sum(s.numel for b in ray.get(learner.workers[0].weight_plan.remote("float32", 1 << 30))
+                     for s in b.tensors)
+        seconds: dict[str, list[float]] = {"broadcast": [], "object_store": []}
+        peaks: dict[str, float] = {}
+        version = 0
+        for path in seconds:   # warm-up: the group forms, the object store maps its memory
+            learner.config = learner.config.model_copy(update={"weight_sync": path})
+            version += 1
+            learner.push_weights([rollout], version)
+        for _ in range(args.syncs):
+            for path in seconds:
+                learner.config = learner.config.model_copy(update={"weight_sync": path})
+                idle = PeakRSS(interval_s=0.02)
+                base = idle.sample()
+                with PeakRSS(interval_s=0.02) as peak:
+                    t0 = time.perf_counter()
+                    version += 1
+                    learner.push_weights([rollout], version)
+                    seconds[path].append(time.perf_counter() - t0)
+                peaks[path] = max(peaks.get(path, 0.0), (peak.peak_bytes - base) / 2**30)
+                print(f"{path}: {seconds[path][-1]:.2f} s, peak +{(peak.peak_bytes - base) / 2**30:.2f} GB",
+                      flush=True)
+        learner.shutdown()
+    finally:
+        shutdown_local_ray()
+    ours, base = statistics.median(seconds["broadcast"]), statistics.median(seconds["object_store"])
+    return Result("weight_sync", config=f"{params / 1e6:.0f}M params fp32, 2 FSDP2 ranks -> 1 HF engine",
+                  baseline=f"object store: {base:.2f} s, +{peaks['object_store']:.2f} GB",
+                  ours=f"broadcast: {ours:.2f} s, +{peaks['broadcast']:.2f} GB", ratio=base / ours,
+                  fields={"s_per_sync_broadcast": fmt(ours), "s_per_sync_object_store": fmt(base),
+                          "peak_extra_gb_broadcast": fmt(peaks["broadcast"]),
+                          "peak_extra_gb_object_store": fmt(peaks["object_store"]), "params": params})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a ~25M model, 1 timed sync per path")
+    parser.add_argument("--syncs", type=int, default=None, help="timed syncs per path (default 3; --quick 1)")
+    args = parser.parse_args()
+    args.syncs = args.syncs or (1 if args.quick else 3)
+    run("weight_sync", lambda: measure(args))
+
+
+if __name__ == "__main__":
+    main()
