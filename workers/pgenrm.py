@@ -106,8 +106,10 @@ def _run_planner_eval(model_dir: str, inputs: list, gold: list[list[str]], top_k
 
 
 def export_model(state: dict, base_dir: str, out_dir: Path) -> Path:
-    """Weights ``state`` (HF names, full tensors) written as an HF model directory with ``base_dir``'s config and
-    tokenizer; written to a temporary folder and renamed into place (never half-written)."""
+    """Weights ``state`` (HF names, full tensors, in this process) written as an HF model directory with
+    ``base_dir``'s config and tokenizer; written to a temporary folder and renamed into place (never half-written).
+    For a state already in hand: a stage's trained model is exported by its learner ranks instead
+    (``LearnerGroup.export_model``, streamed), never gathered here."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -449,8 +451,12 @@ class PGenRMPipeline:
                              {"step": step + 1, "history": history}, keep=1)
 
     def _finish(self, learner: Any, start: str, sdir: Path) -> str:
-        model_dir = export_model(learner.state_dict_for_rollout(), start, sdir / "model")
-        return str(model_dir)
+        """The trained model as ``sdir/model``, an HF directory with ``start``'s tokenizer: streamed by the learner
+        ranks (rank 0 writes one file of weights at a time; nothing passes through this driver), into a temporary
+        sibling renamed into place (never half-written)."""
+        with atomic_dir(sdir / "model") as tmp:
+            learner.export_model(tmp)
+        return str(sdir / "model")
 
     # ------------------------------------------------------------------------------------------ SFT
     def _sft(self, stage: str, start: str, sdir: Path, tracker: Any, examples: list[tuple[list, str]],

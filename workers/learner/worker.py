@@ -497,7 +497,7 @@ class LearnerWorker:
         writes one file at a time, so no host holds the whole model. Collective; returns the folder."""
         self._require_ready(self.config.trains)
         checkpoint.export_hf_folder(Path(path), self.trained, self.model_dir, self.strategy, self.ranks,
-                                    max_shard_bytes or checkpoint.EXPORT_SHARD_BYTES)
+                                    max_shard_bytes)
         return str(Path(path))
 
     @staticmethod
