@@ -2,7 +2,7 @@
 
 ``worker``: one rank (``LearnerWorker``); ``group``: the ranks as Ray actors, driven together (``LearnerGroup``);
 ``strategy``: FSDP2 vs a plain module; ``micro_batches``: micro-batching, gradient accumulation, steps and metrics
-matched across ranks; ``checkpoint``: full state dicts, safetensors weights, RNG states, the checkpoint folder;
+matched across ranks; ``checkpoint``: sharded checkpoints (every rank its shard), the streamed HF export, RNG states;
 ``ranks``: the process group. The batch format, losses and models are Ray-free, in ``pr_rlhf.rl``.
 """
 from workers.learner.group import LearnerGroup
