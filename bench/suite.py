@@ -61,6 +61,7 @@ BENCHES: tuple[Bench, ...] = (
     Bench("bon_sweep", "bon_sweep.py"),
     Bench("grpo_throughput", "grpo_throughput.py"),
     Bench("weight_sync", "weight_sync.py"),
+    Bench("learner_memory", "learner_memory.py"),
     Bench("reward_service_load", "reward_service_load.py", ("--scorer", "pgenrm")),
     Bench("reward_service_load_scalar", "reward_service_load.py", ("--scorer", "scalar")),
 )
