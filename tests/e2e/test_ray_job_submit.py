@@ -5,14 +5,14 @@ import contextlib
 import json
 import os
 import re
-import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.local_nodes import free_port, stop_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 RAY = str(ROOT / ".venv" / "bin" / "ray") if (ROOT / ".venv" / "bin" / "ray").exists() else "ray"
@@ -21,12 +21,6 @@ SCRIPT = str(ROOT / "cluster" / "local_head.sh")
 SHORT = ["train.steps=2", "train.prompts_per_step=2", "train.group_size=4", "train.max_tokens=8",
          "train.eval_every=2", "train.checkpoint_every=2", "train.warmup_sft_steps=2", "train.warmup_sft_batch=4",
          "train.data.heldout_prompts=2", "train.eval_samples=2"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def own_ports() -> dict:
@@ -54,17 +48,7 @@ def local_cluster(head_resources: dict | None = None, worker_resources: dict | N
                                 "RAY_HEAD_ADDRESS": f"127.0.0.1:{gcs_port}"})
         yield address, env
     finally:
-        sessions = {d: (d / "node.sid").read_text().strip() for d in dirs if (d / "node.sid").is_file()}
-        for d in reversed(dirs):
-            subprocess.run(["bash", SCRIPT, "stop", str(d)], env=env, timeout=120)
-        left = subprocess.run(["ps", "-ww", "-eo", "sid=,stat=,args="], capture_output=True,
-                              text=True).stdout.splitlines()
-        alive = [line.split(None, 2) for line in left if len(line.split()) >= 2 and not line.split()[1].startswith("Z")]
-        for d in dirs:
-            shutil.rmtree(d, ignore_errors=True)
-            # every process of the node: those naming its temp dir, and the renamed ones (ray::DashboardAgent, ...)
-            stray = [p[-1] for p in alive if f"{d}/session_" in p[-1] or p[0] == sessions.get(d)]
-            assert d in sessions and not stray, f"the test's Ray node ({d}) is still running: {stray[:5]}"
+        stop_nodes(dirs, env)
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,9 +22,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.local_nodes import free_port, stop_nodes
+
 ROOT = Path(__file__).resolve().parents[2]
 RAY = str(ROOT / ".venv" / "bin" / "ray") if (ROOT / ".venv" / "bin" / "ray").exists() else "ray"
-STOP = str(ROOT / "cluster" / "local_head.sh")
 GPU_RECIPES = {"ppo_personalized": "train", "pgenrm_pipeline": "pgenrm", "pgenrm_real": "pgenrm",
                "rm_bt": "train-rm", "bon_sweep": "bon"}
 READY_TIMEOUT_S = 60.0
@@ -39,12 +38,6 @@ def gpu_node_shape() -> tuple[int, int]:
     limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
     params = group.get("rayStartParams") or {}
     return int(params.get("num-cpus", limits["cpu"])), int(params.get("num-gpus", limits["nvidia.com/gpu"]))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def own_ports() -> list[str]:
@@ -83,16 +76,7 @@ def fake_gpu_cluster(cpus: int, gpus: int):
                                  f"127.0.0.1:{gcs}", "--temp-dir", str(dirs[1]), *node, *own_ports()], env)
         yield f"127.0.0.1:{gcs}", env
     finally:
-        sessions = {d: (d / "node.sid").read_text().strip() for d in dirs if (d / "node.sid").is_file()}
-        for d in reversed(dirs):
-            subprocess.run(["bash", STOP, "stop", str(d)], env=env, timeout=120)
-        left = subprocess.run(["ps", "-ww", "-eo", "sid=,stat=,args="], capture_output=True,
-                              text=True).stdout.splitlines()
-        alive = [line.split(None, 2) for line in left if len(line.split()) >= 2 and not line.split()[1].startswith("Z")]
-        for d in dirs:
-            shutil.rmtree(d, ignore_errors=True)
-            stray = [p[-1] for p in alive if f"{d}/session_" in p[-1] or p[0] == sessions.get(d)]
-            assert d in sessions and not stray, f"the test's Ray node ({d}) is still running: {stray[:5]}"
+        stop_nodes(dirs, env)
 
 
 # ------------------------------------------------------------------------------------------------ the driver
