@@ -28,7 +28,7 @@ timeout 480 "$py" -m pr_rlhf.cli train recipes/grpo_tiny.yaml --out "$out/run" \
   --set train.rollout.backend=vllm --set train.rollout.device=cuda --set train.rollout.dtype=bfloat16 \
   --set train.rollout.gpu_memory_utilization=0.3 --set train.rollout_num_gpus=0.5 \
   --set train.learner.device=cuda --set train.learner.dtype=bfloat16 --set train.learner.num_gpus_per_worker=0.5 \
-  --set train.learner.weight_sync=broadcast --set train.learner.weight_sync_backend=gloo
+  --set train.learner.weight_sync_backend=gloo
 "$py" - "$out/run" <<'PY'
 import json, sys
 run = sys.argv[1]

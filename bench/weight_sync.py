@@ -1,6 +1,7 @@
 """Benchmark of the weight sync learner -> rollout engine: the weight-update group's bucketed broadcast (ours,
-``learner.weight_sync: broadcast``) vs the earlier path (rank 0's full state dict through the driver and Ray's
-object store, ``object_store``), on the same learner and engine, in one run.
+``LearnerGroup.push_weights``) vs the earlier path, which only this benchmark still runs (rank 0's full state dict
+through the driver and Ray's object store, ``ray.put`` + ``RolloutWorker.load_weights``), on the same learner and
+engine, in one run.
 
 Setup: a Qwen2 of Qwen2.5-0.5B's shape (random init, float32, built from its config: 494M parameters; ``--quick``:
 a ~25M one), a 2-rank FSDP2 learner (gloo) and one HF rollout engine, all on a private local Ray. After one
@@ -56,19 +57,23 @@ def measure(args: argparse.Namespace) -> Result:
         seconds: dict[str, list[float]] = {"broadcast": [], "object_store": []}
         peaks: dict[str, float] = {}
         version = 0
+        def sync(path: str, version: int) -> None:
+            if path == "broadcast":
+                learner.push_weights([rollout], version)
+            else:   # the baseline: the whole state dict through this driver and the object store
+                ray.get(rollout.load_weights.remote(ray.put(learner.state_dict_for_rollout()), version))
+
         for path in seconds:   # warm-up: the group forms, the object store maps its memory
-            learner.config = learner.config.model_copy(update={"weight_sync": path})
             version += 1
-            learner.push_weights([rollout], version)
+            sync(path, version)
         for _ in range(args.syncs):
             for path in seconds:
-                learner.config = learner.config.model_copy(update={"weight_sync": path})
                 idle = PeakRSS(interval_s=0.02)
                 base = idle.sample()
                 with PeakRSS(interval_s=0.02) as peak:
                     t0 = time.perf_counter()
                     version += 1
-                    learner.push_weights([rollout], version)
+                    sync(path, version)
                     seconds[path].append(time.perf_counter() - t0)
                 peaks[path] = max(peaks.get(path, 0.0), (peak.peak_bytes - base) / 2**30)
                 print(f"{path}: {seconds[path][-1]:.2f} s, peak +{(peak.peak_bytes - base) / 2**30:.2f} GB",

@@ -484,9 +484,6 @@ class _Builder:
             parts.append(f"logits {_gib(logits)} ({seqs} x {response_len + 1} x {arch.vocab})")
         parts.append(f"reserve {_gib(reserve)} = {_gib(gpu)} GiB per GPU; {'every rank' if every_rank else 'rank 0'}"
                      f" host +{_gib(load)} GiB (full fp32 copy at load)")
-        if cfg.weight_sync == "object_store":
-            self.warn(f"{where.rsplit('.', 1)[0]}.weight_sync is object_store: rank 0's full state dict passes "
-                      "through the driver and Ray's object store at every sync (not in these figures)")
         return actors, Group(f"{label} x{cfg.world_size}", ", ".join(parts))
 
     def driver(self) -> tuple[list[Actor], Group]:

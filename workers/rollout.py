@@ -7,8 +7,8 @@ a Ray actor, with in-place weight updates for RL.
   (``pr_rlhf.models.weight_sync``; joined once with ``join_weight_group``), in place (vLLM: through the worker
   extension in every tensor-parallel worker, then a prefix-cache reset), and bumps ``weights_version``;
   generations made after it use the new weights. ``load_weights(state_dict)`` does the same from a state dict
-  (the ``object_store`` transport, kept as the baseline). Pass ``version`` to set the counter to the learner's
-  step instead of incrementing it.
+  (the earlier path, which bench/weight_sync.py keeps as its baseline). Pass ``version`` to set the counter to the
+  learner's step instead of incrementing it.
 
 On CPU, vLLM torch-compiles a small kernel on the first request that asks for logprobs (~15 s cold, a few s
 with a warm inductor cache); ``env={"TORCH_COMPILE_DISABLE": "1"}`` runs it eagerly instead (what the tests do).

@@ -87,13 +87,8 @@ class LearnerConfig(StrictModel):
                              "build the model on the meta device and receive their shards from rank 0 (host "
                              "memory of one model on one rank per group); 'every_rank': each rank loads the whole "
                              "model (the earlier path, for the bench)")
-    weight_sync: Literal["broadcast", "object_store"] = Field(
-        "broadcast", description="how the policy reaches the rollout engines: 'broadcast' over a weight-update "
-                                 "process group, parameter by parameter in rollout-dtype buckets "
-                                 "(pr_rlhf.models.weight_sync; never through the driver, never whole on a host); "
-                                 "'object_store': rank 0's full state dict through the driver and Ray's object "
-                                 "store (the earlier path, kept as the bench's baseline)")
-    weight_sync_bucket_mb: int = Field(256, ge=1, description="largest broadcast of the 'broadcast' weight sync")
+    weight_sync_bucket_mb: int = Field(256, ge=1, description="largest broadcast of the weight sync learner -> "
+                                                              "rollout engines (pr_rlhf.models.weight_sync)")
     weight_sync_backend: Literal["auto", "nccl", "gloo"] = Field(
         "auto", description="the weight-update group's backend: 'auto' = nccl when the learner is on GPU, else "
                             "gloo; 'gloo' on GPU stages each bucket through host memory, for an engine sharing "

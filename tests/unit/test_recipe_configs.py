@@ -58,9 +58,9 @@ ADDED_ROOT_SECTIONS = {("rm",), ("train", "downstream"), ("rl_sweep",)}
 ADDED_TRAIN_FIELDS = {"warmup_sft_target": "answers", "reward_failures": "raise", "warm_start_cache": None}
 # what the policy is shown of a rubric and what the reward requests carry: as before (all aspects, no history)
 ADDED_TRAIN_DATA_FIELDS = {"plan_max_aspects": None, "history_pairs": 0}
-# trains: as before. weight_sync: a new transport by default (issue 38; the earlier path is 'object_store'); the
-# weights an engine ends up with are the same (tests/integration/test_weight_sync.py)
-ADDED_LEARNER_FIELDS = {"trains": "policy", "weight_sync": "broadcast", "weight_sync_bucket_mb": 256,
+# trains: as before. The weight sync's bucket size and backend (issue 38: a broadcast replaced the state dict through
+# the driver; the weights an engine ends up with are the same, tests/integration/test_weight_sync.py)
+ADDED_LEARNER_FIELDS = {"trains": "policy", "weight_sync_bucket_mb": 256,
                         "load_weights_on": "rank0", "weight_sync_backend": "auto"}
 # The evaluation's named models (none: only the section's own, as before) and the section's name beside them; the
 # quickstart recipes, which use them, were re-dumped into the baseline.

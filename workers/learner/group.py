@@ -113,15 +113,10 @@ class LearnerGroup:
         return self._call_all("state_dict_for_rollout", dtype)[0]
 
     def push_weights(self, rollouts: list, version: int) -> None:
-        """The policy into every rollout engine (``RolloutWorker`` actors), as ``config.weight_sync`` says:
-        'broadcast' over a weight-update group joined on the first call for these engines (the driver passes
-        only the plan: names and shapes), or 'object_store' (rank 0's full state dict through the driver)."""
+        """The policy into every rollout engine (``RolloutWorker`` actors): a broadcast over a weight-update group
+        joined on the first call for these engines; the driver passes only the plan (names and shapes)."""
         import ray
 
-        if self.config.weight_sync == "object_store":
-            ref = ray.put(self.state_dict_for_rollout())
-            ray.get([w.load_weights.remote(ref, version) for w in rollouts])
-            return
         if getattr(self, "_weight_sync_for", None) != rollouts:
             self._join_weight_group(rollouts)
         plan = ray.get(self.workers[0].weight_plan.remote(self._rollout_dtype,
