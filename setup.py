@@ -23,6 +23,7 @@ RUNTIME = [
     "matplotlib>=3.8",
     "scikit-learn>=1.4",
     "numpy>=1.26",
+    "sqlalchemy>=2.0",   # the reward service's user store (SQLite by default)
 ]
 
 EXTRAS = {
@@ -38,9 +39,12 @@ EXTRAS = {
     "verl": ["verl==0.9.1"],
     # TRL runs beside our GRPO in bench/grpo_throughput.py (same model, prompts and lengths).
     "bench": ["trl==1.16.0"],
-    # bm25s: the reference our BM25 is tested against; ruff and import-linter: `make lint`
+    # a shared PostgreSQL user store for service replicas on several nodes (serve.users.url: postgresql+pg8000://)
+    "postgres": ["pg8000>=1.31"],
+    # bm25s: the reference our BM25 is tested against; ruff and import-linter: `make lint`; pg8000: the user
+    # store's tests against a local PostgreSQL server
     "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.6", "ruff==0.17.6", "import-linter==2.17",
-            "hypothesis>=6", "bm25s>=0.2"],
+            "hypothesis>=6", "bm25s>=0.2", "pg8000>=1.31"],
 }
 
 setup(

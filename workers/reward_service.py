@@ -6,6 +6,12 @@ Routes (schema in ``pr_rlhf.serve.schema``):
 - ``GET /info``: what the replica hosts (kind, model, batching; never the token).
 - ``POST /score``: one item -> ScoreResult; ``POST /score_batch``: ``{"items": [...]}`` -> ``{"results": [...]}``.
 - ``POST /get_reward``: OpenRLHF's remote reward model (``--remote_rm_url http://HOST:PORT/get_reward``).
+- With ``serve.users`` (the user store, ``pr_rlhf.serve.personalize``): ``POST /feedback`` (one
+  :class:`FeedbackItem`) and ``POST /feedback_batch`` (``{"items": [...]}``) append to the user's history (201;
+  a retried idempotency key 200 with ``duplicate: true``; the key reused for other content 409);
+  ``GET /users/{id}`` (size, last update, prototype; 404 for a user the store does not hold) and
+  ``DELETE /users/{id}``. A scoring request that names a stored user and brings no history is scored with the
+  stored one. With ``tenant_tokens_env`` each bearer token reads and writes only its own tenant's users.
 
 Concurrent requests are merged by ``@serve.batch`` into one scorer call (up to ``max_batch_size``, waiting at most
 ``batch_wait_timeout_s``); inside a call the planner runs once per distinct (user, query, profile) and the engine
@@ -23,13 +29,24 @@ import os
 import time
 from collections.abc import Callable
 
-from fastapi import FastAPI, Header, HTTPException
+from fastapi import FastAPI, Header, HTTPException, Request
+from fastapi.responses import JSONResponse
 from ray import serve
 
 from pr_rlhf.configs.reward import RewardConfig
 from pr_rlhf.configs.serve import ServeConfig
 from pr_rlhf.scorers import Evaluation, RewardRequest, Scorer, build_scorer
-from pr_rlhf.serve.schema import OpenRLHFRequest, ScoreBatch, ScoreItem, ScoreResult
+from pr_rlhf.serve.schema import (
+    BodyError,
+    FeedbackBatch,
+    FeedbackItem,
+    OpenRLHFRequest,
+    ScoreBatch,
+    ScoreItem,
+    ScoreResult,
+    read_json_body,
+)
+from pr_rlhf.serve.users import DEFAULT_TENANT, IdempotencyConflict
 
 app = FastAPI(title="pr_rlhf personalized reward")
 
@@ -75,12 +92,20 @@ class RewardService:
         """``scorer_factory``: what builds the scorer from ``cfg.reward`` (default :func:`build_scorer`; tests pass
         an instrumented one, as to :class:`workers.reward.RewardPool`)."""
         self.cfg = ServeConfig.model_validate(cfg)
-        self.token: str | None = None
-        if self.cfg.auth_token_env:
-            self.token = os.environ.get(self.cfg.auth_token_env) or None
-            if self.token is None:
-                raise RuntimeError(f"auth_token_env={self.cfg.auth_token_env!r} is set but that variable is empty "
-                                   "in the replica's environment")
+        # bearer token -> tenant; the plain auth_token_env token is the default tenant's
+        self.tokens: dict[str, str] = {}
+        for tenant, env in [*(([(DEFAULT_TENANT, self.cfg.auth_token_env)]) if self.cfg.auth_token_env else []),
+                            *self.cfg.tenant_tokens_env.items()]:
+            token = os.environ.get(env) or None
+            if token is None:
+                raise RuntimeError(f"the token variable {env!r} (tenant {tenant!r}) is empty in the replica's "
+                                   "environment")
+            self.tokens[token] = tenant
+        self.users = None
+        if self.cfg.users is not None:
+            from pr_rlhf.serve.personalize import OnlineUsers
+
+            self.users = OnlineUsers(self.cfg.users)
         self.scorer = (scorer_factory or build_scorer)(self.cfg.reward)
         self.replica = serve.get_replica_context().replica_id.unique_id
         self._score.set_max_batch_size(self.cfg.max_batch_size)
@@ -88,13 +113,24 @@ class RewardService:
         self.batches = 0
         self.items = 0
 
-    def _check_auth(self, authorization: str | None) -> None:
-        if self.token is None:
-            return
-        given = (authorization or "").removeprefix("Bearer ").strip()
-        if not given or not hmac.compare_digest(given.encode(), self.token.encode()):
+    def _tenant(self, authorization: str | None) -> str:
+        """The caller's tenant (401 without a known token when auth is on)."""
+        if not self.tokens:
+            return DEFAULT_TENANT
+        given = (authorization or "").removeprefix("Bearer ").strip().encode()
+        found = None
+        for token, tenant in self.tokens.items():   # every token compared: the time does not tell which matched
+            if hmac.compare_digest(given, token.encode()):
+                found = tenant
+        if not given or found is None:
             raise HTTPException(status_code=401, detail="missing or wrong bearer token",
                                 headers={"WWW-Authenticate": "Bearer"})
+        return found
+
+    def _store(self):
+        if self.users is None:
+            raise HTTPException(status_code=404, detail="this service keeps no user state (serve.users is not set)")
+        return self.users
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
     async def _score(self, items: list[ScoreItem]) -> list[ScoreResult]:
@@ -102,11 +138,14 @@ class RewardService:
         self.items += len(items)
         return await asyncio.to_thread(_evaluate, self.scorer, items)   # the event loop keeps taking requests
 
-    async def _score_many(self, items: list[ScoreItem]) -> list[ScoreResult]:
+    async def _score_many(self, items: list[ScoreItem], tenant: str) -> list[ScoreResult]:
         if len(items) > self.cfg.max_pairs_per_request:
             raise HTTPException(status_code=413, detail=f"{len(items)} items; at most "
                                                         f"{self.cfg.max_pairs_per_request} per request")
         start = time.perf_counter()
+        provenance: list = [None] * len(items)
+        if self.users is not None:
+            items, provenance = await asyncio.to_thread(self.users.personalize, tenant, items)
         try:
             results = await asyncio.wait_for(asyncio.gather(*(self._score(it) for it in items)),
                                              timeout=self.cfg.request_timeout_s)
@@ -117,7 +156,9 @@ class RewardService:
         except Exception as exc:  # noqa: BLE001 - the scorer failed: a clear 500, never a hang
             raise HTTPException(status_code=500, detail=f"scorer failed: {type(exc).__name__}: {exc}"[:500]) from None
         latency = 1000 * (time.perf_counter() - start)
-        return [r.model_copy(update={"latency_ms": latency, "replica": self.replica}) for r in results]
+        return [r.model_copy(update={"latency_ms": latency, "replica": self.replica,
+                                     "user_state": p.as_dict() if p is not None else None})
+                for r, p in zip(results, provenance)]
 
     @app.get("/health")
     async def health(self) -> dict:
@@ -125,34 +166,33 @@ class RewardService:
 
     @app.get("/info")
     async def info(self, authorization: str | None = Header(None)) -> dict:
-        self._check_auth(authorization)
+        self._tenant(authorization)
         reward = self.cfg.reward
         return {"kind": reward.kind, "judge": reward.judge.model if reward.kind in ("genrm", "http", "rubric")
                 else None, "replica": self.replica, "max_batch_size": self.cfg.max_batch_size,
                 "batches": self.batches, "items": self.items,
-                "plans_computed": getattr(self.scorer, "plans_computed", 0), "auth": self.token is not None}
+                "plans_computed": getattr(self.scorer, "plans_computed", 0), "auth": bool(self.tokens),
+                "users": self.users is not None}
 
     @app.post("/score")
     async def score(self, item: ScoreItem, authorization: str | None = Header(None)) -> ScoreResult:
-        self._check_auth(authorization)
-        result = (await self._score_many([item]))[0]
+        result = (await self._score_many([item], self._tenant(authorization)))[0]
         if result.status == "engine_error":   # the model backend failed (not its output): a server error
             raise HTTPException(status_code=502, detail=f"the reward model's engine failed: {result.error}"[:500])
         return result
 
     @app.post("/score_batch")
     async def score_batch(self, batch: ScoreBatch, authorization: str | None = Header(None)) -> dict:
-        self._check_auth(authorization)
-        return {"results": await self._score_many(batch.items)}
+        return {"results": await self._score_many(batch.items, self._tenant(authorization))}
 
     @app.post("/get_reward")
     async def get_reward(self, body: OpenRLHFRequest, authorization: str | None = Header(None)) -> dict:
-        self._check_auth(authorization)
+        tenant = self._tenant(authorization)
         try:
             items = body.items()
         except ValueError as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from None
-        results = await self._score_many(items)
+        results = await self._score_many(items, tenant)
         failed = [i for i, r in enumerate(results) if r.score is None]
         if failed:   # a trainer cannot take a missing reward: say which and why
             first = results[failed[0]]
@@ -162,11 +202,63 @@ class RewardService:
         return {"rewards": rewards, "scores": rewards,
                 "extra_logs": {"latency_ms": [r.latency_ms for r in results]}}
 
+    async def _feedback(self, request: Request, authorization: str | None, model: type) -> tuple[str, list]:
+        tenant = self._tenant(authorization)
+        users = self._store()
+        try:
+            body = read_json_body(await request.body(), model)
+        except BodyError as exc:
+            raise HTTPException(status_code=422, detail={"field": exc.field, "error": str(exc)}) from None
+        items = body.items if isinstance(body, FeedbackBatch) else [body]
+        if len(items) > self.cfg.max_pairs_per_request:
+            raise HTTPException(status_code=413, detail=f"{len(items)} items; at most "
+                                                        f"{self.cfg.max_pairs_per_request} per request")
+        for i, item in enumerate(items):
+            problem = users.check(item)
+            if problem is not None:
+                field = problem.split(":", 1)[0]
+                raise HTTPException(status_code=422, detail={"field": field if model is FeedbackItem else
+                                                             f"items.{i}.{field}", "error": problem})
+        try:
+            return tenant, await asyncio.to_thread(users.add_feedback, tenant, items)
+        except IdempotencyConflict as exc:
+            raise HTTPException(status_code=409, detail={"field": "idempotency_key", "error": str(exc)}) from None
+
+    @app.post("/feedback", status_code=201)
+    async def feedback(self, request: Request, authorization: str | None = Header(None)) -> JSONResponse:
+        _, (receipt,) = await self._feedback(request, authorization, FeedbackItem)
+        return JSONResponse(status_code=200 if receipt.duplicate else 201, content=vars(receipt))
+
+    @app.post("/feedback_batch")
+    async def feedback_batch(self, request: Request, authorization: str | None = Header(None)) -> dict:
+        _, receipts = await self._feedback(request, authorization, FeedbackBatch)
+        return {"receipts": [vars(r) for r in receipts]}
+
+    @app.get("/users/{user_id}")
+    async def get_user(self, user_id: str, authorization: str | None = Header(None)) -> dict:
+        tenant = self._tenant(authorization)
+        state = await asyncio.to_thread(self._store().store.get_user, tenant, user_id)
+        if state is None:
+            raise HTTPException(status_code=404, detail={"field": "user_id", "error": f"no user {user_id!r}"})
+        return state.summary()
+
+    @app.delete("/users/{user_id}")
+    async def delete_user(self, user_id: str, authorization: str | None = Header(None)) -> dict:
+        tenant = self._tenant(authorization)
+        removed = await asyncio.to_thread(self._store().store.delete_user, tenant, user_id)
+        if removed == 0:   # every stored user has at least one feedback row
+            raise HTTPException(status_code=404, detail={"field": "user_id", "error": f"no user {user_id!r}"})
+        return {"user_id": user_id, "deleted": True, "feedback_removed": removed}
+
 
 def deploy(cfg: ServeConfig, *, blocking: bool = False,
            scorer_factory: Callable[[RewardConfig], Scorer] | None = None) -> str:
     """Start Serve's HTTP proxy on ``cfg.host:cfg.port`` and deploy the service (Ray must be initialized);
     returns the base URL. ``scorer_factory``: see :class:`RewardService`."""
+    if cfg.users is not None:   # replicas run in other directories: a relative SQLite path is the driver's
+        from pr_rlhf.serve.users import absolute_url
+
+        cfg = cfg.model_copy(update={"users": cfg.users.model_copy(update={"url": absolute_url(cfg.users.url)})})
     serve.start(http_options={"host": cfg.host, "port": cfg.port, "request_timeout_s": cfg.request_timeout_s + 30})
     application = RewardService.options(
         num_replicas=cfg.replicas, max_ongoing_requests=cfg.max_ongoing_requests,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class _Strict(BaseModel):
@@ -68,6 +68,22 @@ class ScoreItem(_Strict):
         return self.responses[0] if self.responses is not None else self.response  # type: ignore[return-value]
 
 
+class FeedbackItem(_Strict):
+    """One preference of one user (``POST /feedback``): appended to the user's stored history. The idempotency
+    key makes a retry safe: the same key and content again store nothing; the same key with other content is 409."""
+
+    user_id: str = Field(..., min_length=1, max_length=256)
+    query: str = Field(..., min_length=1)
+    chosen: str = Field(..., min_length=1)
+    rejected: str = Field(..., min_length=1)
+    stated_preferences: str = ""
+    idempotency_key: str = Field(..., min_length=1, max_length=256)
+
+
+class FeedbackBatch(_Strict):
+    items: list[FeedbackItem] = Field(..., min_length=1)
+
+
 class ScoreBatch(_Strict):
     items: list[ScoreItem] = Field(..., min_length=1)
 
@@ -84,6 +100,8 @@ class ScoreResult(BaseModel):
     plan: list[str] | None = None
     latency_ms: float = 0.0
     replica: str = ""
+    user_state: dict | None = Field(None, description="what the user store supplied: own pairs, the users a "
+                                                      "pair was borrowed from, each pair's (user, seq)")
 
 
 class OpenRLHFRequest(_Strict):
@@ -120,3 +138,54 @@ class OpenRLHFRequest(_Strict):
             except Exception as exc:
                 raise ValueError(f"labels[{i}]: {exc}") from None
         return out
+
+
+class BodyError(ValueError):
+    """A request body that cannot be read: ``field`` is the JSON path of the offending value ("" for the body)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+
+
+def _bad_text(value: Any, path: str) -> tuple[str, str] | None:
+    """The first string under ``value`` that is not valid Unicode text (a surrogate: an undecodable byte, or an
+    escaped lone surrogate), as (path, character index)."""
+    if isinstance(value, str):
+        for i, ch in enumerate(value):
+            if "\ud800" <= ch <= "\udfff":
+                return path, str(i)
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, inner in items:
+        found = _bad_text(inner, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
+
+
+def read_json_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
+    """A JSON body decoded strictly: invalid UTF-8 (or an escaped lone surrogate) is an error naming the field
+    and the byte offset, never a replacement character stored in a user's text; schema errors name their field
+    without echoing the value (feedback text stays out of responses and logs)."""
+    offset = None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        offset = exc.start
+        text = raw.decode("utf-8", errors="surrogateescape")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BodyError("", f"not valid JSON: {exc.msg} at character {exc.pos}") from None
+    bad = _bad_text(value, "")
+    if bad is not None:
+        where = f"byte {offset} of the body" if offset is not None else f"character {bad[1]} of the value"
+        raise BodyError(bad[0], f"not valid UTF-8 text (invalid bytes or a lone surrogate at {where})")
+    if offset is not None:   # undecodable bytes outside any string value
+        raise BodyError("", f"not valid UTF-8 (byte {offset})")
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        raise BodyError(".".join(str(p) for p in first["loc"]), first["msg"]) from None
