@@ -20,6 +20,9 @@ data_app = typer.Typer(help="Build and inspect Arrow shards of profiles, rubrics
 app.add_typer(data_app, name="data")
 report_app = typer.Typer(help="Reports from finished runs.", no_args_is_help=True)
 app.add_typer(report_app, name="report")
+users_app = typer.Typer(help="The reward service's user store (serve.users): export, import, prototypes.",
+                        no_args_is_help=True)
+app.add_typer(users_app, name="users")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -597,13 +600,18 @@ def serve_reward(recipe: Path = typer.Argument(..., help="recipe YAML with a ser
     if cfg.auth_token_env and not os.environ.get(cfg.auth_token_env):
         _fail(f"serve.auth_token_env={cfg.auth_token_env!r}: that environment variable is empty; export the token "
               "first (it is read from the environment only, never from the recipe)")
+    for tenant, env in cfg.tenant_tokens_env.items():
+        if not os.environ.get(env):
+            _fail(f"serve.tenant_tokens_env: tenant {tenant!r}'s variable {env!r} is empty; export its token first")
     from workers.reward_service import run_reward_service
 
     auth = f", bearer token from ${cfg.auth_token_env}" if cfg.auth_token_env else ""
 
     def ready(url: str) -> None:
         console.print(f"reward service ({cfg.reward.kind}, {cfg.replicas} replica(s){auth}) at {url}  "
-                      f"[POST /score, /score_batch, /get_reward; GET /health]", highlight=False)
+                      f"[POST /score, /score_batch, /get_reward; GET /health]"
+                      + (" [POST /feedback; GET, DELETE /users/{id}]" if cfg.users is not None else ""),
+                      highlight=False)
         sys.stdout.flush()   # seen at once when the output goes to a file or a pipe
 
     def stopping() -> None:
@@ -730,6 +738,73 @@ def quickstart(out: Path = typer.Option(Path("runs/quickstart"), "--out", "-o", 
     console.print(table)
     console.print(f"everything under {out}/ (summary.json; reports and plots per stage; every stage's mlflow run "
                   f"in {resolved.tracking.mlflow_uri or '$' + ENV_URI})", highlight=False)
+
+
+
+
+def _store_url(url: Optional[str], recipe: Optional[Path]) -> str:
+    if (url is None) == (recipe is None):
+        _fail("give --url (a SQLAlchemy URL) or --recipe (its serve.users.url), one of them")
+    if url is not None:
+        return url
+    cfg = _recipe(recipe, []).serve
+    if cfg is None or cfg.users is None:
+        _fail(f"{recipe}: no serve.users section")
+    return cfg.users.url
+
+
+UrlOpt = typer.Option(None, "--url", help="the store's SQLAlchemy URL (sqlite:///path or postgresql+pg8000://...)")
+RecipeOpt = typer.Option(None, "--recipe", help="a recipe whose serve.users.url names the store")
+
+
+@users_app.command("export")
+def users_export(out: Path = typer.Argument(..., help="JSONL file to write (one feedback per line)"),
+                 url: Optional[str] = UrlOpt, recipe: Optional[Path] = RecipeOpt,
+                 tenant: Optional[str] = typer.Option(None, help="one tenant only (default: all)")) -> None:
+    """Every stored feedback, in each user's order, with its tenant and idempotency key."""
+    from pr_rlhf.files import atomic_write_text
+    from pr_rlhf.serve.users import UserStore
+
+    store = UserStore(_store_url(url, recipe))
+    rows = [json.dumps(r, ensure_ascii=False) for r in store.export_jsonl(tenant)]
+    atomic_write_text(out, "".join(r + "\n" for r in rows))
+    console.print(f"exported {len(rows)} feedback rows of {store.count(tenant)[0]} users to {out}", highlight=False)
+
+
+@users_app.command("import")
+def users_import(path: Path = typer.Argument(..., help="a JSONL export"), url: Optional[str] = UrlOpt,
+                 recipe: Optional[Path] = RecipeOpt) -> None:
+    """Replay an export into a store (safe to repeat: the idempotency keys come along)."""
+    from pr_rlhf.serve.users import UserStore, import_jsonl
+
+    try:
+        stored, duplicates = import_jsonl(UserStore(_store_url(url, recipe)), path)
+    except (OSError, ValueError) as exc:
+        _fail(str(exc))
+    console.print(f"imported {stored} feedback rows ({duplicates} already stored) from {path}", highlight=False)
+
+
+@users_app.command("prototypes")
+def users_prototypes(out: Path = typer.Argument(..., help="folder for the prototype index"),
+                     url: Optional[str] = UrlOpt, recipe: Optional[Path] = RecipeOpt,
+                     tenant: str = typer.Option("default", help="whose users"),
+                     k: int = typer.Option(8, help="prototypes"), seed: int = typer.Option(0),
+                     embedder: str = typer.Option("minilm", help="what embeds each feedback")) -> None:
+    """K-means over the stored users' mean feedback vectors: the index serve.users.prototypes places arriving
+    users with (one lookup per feedback)."""
+    from pr_rlhf.models.embedders import make_embedder
+    from pr_rlhf.serve.personalize import build_feedback_prototypes
+    from pr_rlhf.serve.users import UserStore
+
+    histories: dict[str, list[tuple[str, str]]] = {}
+    for row in UserStore(_store_url(url, recipe)).export_jsonl(tenant):
+        histories.setdefault(row["user_id"], []).append((row["chosen"], row["rejected"]))
+    try:
+        index = build_feedback_prototypes(histories, make_embedder(embedder, cache=False), k, seed=seed)
+    except ValueError as exc:
+        _fail(str(exc))
+    index.save(out)
+    console.print(f"{k} prototypes over {len(histories)} users written to {out}", highlight=False)
 
 
 def main() -> None:

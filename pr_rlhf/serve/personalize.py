@@ -27,7 +27,8 @@ from pr_rlhf.serve.users import FeedbackRecord, Receipt, UserState, UserStore
 
 @dataclass
 class Provenance:
-    """Where a filled request's history came from: ``(user id, seq)`` of each pair, oldest first."""
+    """Where a filled request's history came from: how many pairs are the user's own, the users a pair was
+    borrowed from (most similar first), ``(user id, seq)`` of each pair in the order shown (oldest first)."""
 
     own: int = 0
     borrowed_from: list[str] = field(default_factory=list)
@@ -39,18 +40,23 @@ class Provenance:
                 "pairs": [list(p) for p in self.pairs], "profile_posts": self.profile_posts}
 
 
+def most_relevant(history: Sequence[dict], query: str, k: int) -> list[int]:
+    """Indices of the k pairs whose questions are most relevant to the query (BM25), best first; ties to the more
+    recent."""
+    from pr_rlhf.models.embedders import BM25Scorer
+
+    scores = BM25Scorer().score(query, [h["question"] for h in history]) if history else []
+    return sorted(range(len(history)), key=lambda i: (-float(scores[i]), -i))[:k]
+
+
 def select_pairs(history: Sequence[dict], query: str, k: int, selection: str) -> list[dict]:
     """Up to k of a user's pairs (oldest first in ``history``): the most recent, or the k most relevant to the
-    query by BM25 over the pairs' questions (ties to the more recent), returned in arrival order."""
+    query, returned in arrival order."""
     if len(history) <= k:
         return list(history)
     if selection == "recent":
         return list(history[-k:])
-    from pr_rlhf.models.embedders import BM25Scorer
-
-    scores = BM25Scorer().score(query, [h["question"] for h in history])
-    ranked = sorted(range(len(history)), key=lambda i: (-float(scores[i]), -i))[:k]
-    return [history[i] for i in sorted(ranked)]
+    return [history[i] for i in sorted(most_relevant(history, query, k))]
 
 
 def feedback_vectors(embedder: Any, items: Sequence[FeedbackItem]) -> np.ndarray:
@@ -122,10 +128,10 @@ class OnlineUsers:
                 pairs = [*lent, *[(state.user_id, h) for h in own]]
                 update["history"] = [HistoryTriple(question=h["question"], chosen=h["chosen"],
                                                    rejected=h["rejected"]) for _, h in pairs]
-                prov.own, prov.borrowed_from = len(own), [u for u, _ in lent]
+                prov.own, prov.borrowed_from = len(own), [u for u, _ in reversed(lent)]   # most similar first
                 prov.pairs = [(u, int(h["seq"])) for u, h in pairs]
             if cfg.profile_items and not item.profile and state.history:
-                posts = select_pairs(state.history, item.query, cfg.profile_items, "relevant")[::-1]
+                posts = [state.history[i] for i in most_relevant(state.history, item.query, cfg.profile_items)]
                 update["profile"] = [ProfilePost(text=h["chosen"], id=f"feedback-{h['seq']}", category="chosen")
                                      for h in posts]
                 prov.profile_posts = len(posts)
@@ -152,3 +158,22 @@ class OnlineUsers:
         lenders = [candidates[i].user_id for i in ranked]
         latest = self.store.users(tenant, lenders, history=1)
         return [(u, latest[u].history[-1]) for u in reversed(lenders) if u in latest and latest[u].history]
+
+
+def build_feedback_prototypes(histories: dict[str, list[tuple[str, str]]], embedder: Any, k: int,
+                              seed: int = 0) -> Any:
+    """A prototype index over users' mean feedback vectors (each user's (chosen, rejected) pairs), K-means into
+    k prototypes: what ``serve.users.prototypes`` places arriving users with, built offline from a population."""
+    from pr_rlhf.scaling.build import build_index
+
+    users = sorted(u for u, pairs in histories.items() if pairs)
+    if len(users) < k:
+        raise ValueError(f"{len(users)} users with feedback for k={k} prototypes")
+    items = [FeedbackItem(user_id=u, query="-", chosen=c, rejected=r, idempotency_key="-")
+             for u in users for c, r in histories[u]]
+    vectors = feedback_vectors(embedder, items)
+    means, start = [], 0
+    for u in users:
+        means.append(vectors[start:start + len(histories[u])].mean(axis=0))
+        start += len(histories[u])
+    return build_index(users, None, embedder, k, seed=seed, vectors=np.stack(means), placement="feedback")
