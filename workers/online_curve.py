@@ -1,0 +1,177 @@
+"""The online learning curve (docs/results/online/PREREGISTRATION.md): users arrive with nothing stored, send their
+train pairs as feedback through the running reward service, and after each step their held-out pairs are scored
+through it; the same model scores the same inputs offline beside it.
+
+Driver only: the world and the pairs come from :mod:`pr_rlhf.world`, the store and its use from
+:mod:`pr_rlhf.serve`, the statistics from :mod:`pr_rlhf.serve.curve`.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from pr_rlhf.configs.reward import reward_config
+from pr_rlhf.configs.serve import ServeConfig, UserStoreConfig
+from pr_rlhf.serve.curve import BORROW, OFFLINE, REFERENCE, SERVICE
+from pr_rlhf.serve.users import sqlite_url
+
+HISTORY_PAIRS = 3
+SEED = 0
+
+
+@dataclass
+class CurveSettings:
+    recipe: str                      # its pgenrm.world is the world
+    genrm: str                       # the served model's folder
+    out: Path                        # run folder (stores, prototypes, outcomes)
+    points: tuple[int, ...] = (0, 1, 2, 4, 8)
+    borrow_points: tuple[int, ...] = (1, 2)
+    users: int | None = None         # the first N seen users (None: all)
+    clients: int = 32
+    prototypes_k: int = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pool_map(fn, items: list, clients: int, desc: str) -> list:
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        return list(tqdm(pool.map(fn, items), total=len(items), desc=desc, leave=False, mininterval=5))
+
+
+def run_curve(s: CurveSettings) -> dict[str, Any]:
+    """Runs every arm; returns {"outcomes": [...], "settings": {...}, "wall_s": ...}."""
+    import httpx
+    from ray import serve
+
+    from pr_rlhf.configs.recipe import load_recipe
+    from pr_rlhf.models import make_engine
+    from pr_rlhf.models.base import SamplingParams
+    from pr_rlhf.models.embedders import make_embedder
+    from pr_rlhf.reward.inputs import RMInput
+    from pr_rlhf.reward.judge import PairwiseJudge, chosen_slot
+    from pr_rlhf.serve.personalize import build_feedback_prototypes
+    from pr_rlhf.world import build_world
+    from workers.ray_utils import init_local_ray, shutdown_local_ray
+    from workers.reward_service import deploy
+
+    start = time.time()
+    world = build_world(load_recipe(s.recipe).pgenrm.world)
+    users = sorted({p.user_id for p in world.pairs if p.split == "test"})[:s.users]
+    stream = {u: world.history(u) for u in users}
+    tests = [p for p in world.pairs if p.split == "test" and p.user_id in set(users)]
+    s.out.mkdir(parents=True, exist_ok=True)
+    for old in s.out.glob("*.sqlite*"):
+        old.unlink()
+    reward = reward_config(kind="genrm", judge={"model": str(Path(s.genrm).resolve())}, sec_format="sec_compact",
+                           generation={"max_tokens": 320}, seed=SEED)
+    protos = s.out / "prototypes"
+    if s.borrow_points:
+        build_feedback_prototypes({u: [(h.chosen, h.rejected) for h in stream[u]] for u in users},
+                                  make_embedder("minilm", cache=False), s.prototypes_k, seed=SEED).save(protos)
+    outcomes: list[dict] = []
+    init_local_ray(num_cpus=4)
+    port = _free_port()
+    try:
+        own_cfg = ServeConfig(reward=reward, port=port, name="own", route_prefix="/own", num_cpus=2,
+                              users=UserStoreConfig(url=sqlite_url(s.out / "own.sqlite"), embedder=None,
+                                                    history_pairs=HISTORY_PAIRS, profile_items=0))
+        base = deploy(own_cfg)
+        root = base.rsplit("/", 1)[0]
+        apps = {SERVICE: root + "/own"}
+        if s.borrow_points:
+            deploy(ServeConfig(reward=reward, port=port, name="borrow", route_prefix="/borrow", num_cpus=2,
+                               users=UserStoreConfig(url=sqlite_url(s.out / "borrow.sqlite"), embedder="minilm",
+                                                     prototypes=str(protos), neighbours=2,
+                                                     history_pairs=HISTORY_PAIRS, profile_items=0)))
+            apps[BORROW] = root + "/borrow"
+        http = httpx.Client(timeout=600)
+
+        def send_feedback(job: tuple[str, str, int]) -> None:
+            app, user, i = job
+            h = stream[user][i]
+            r = http.post(apps[app] + "/feedback", json={"user_id": user, "query": h.question, "chosen": h.chosen,
+                                                          "rejected": h.rejected,
+                                                          "idempotency_key": f"{user}-{i}"})
+            if r.status_code not in (200, 201):
+                raise RuntimeError(f"feedback {user}/{i}: HTTP {r.status_code}: {r.text[:300]}")
+
+        def score(job: tuple[str, Any]) -> dict:
+            app, p = job
+            slot = chosen_slot(SEED, p.pair_id)
+            pair = [p.chosen, p.rejected] if slot == "A" else [p.rejected, p.chosen]
+            r = http.post(apps[app] + "/score", json={"user_id": p.user_id, "query": p.question, "responses": pair})
+            if r.status_code != 200:
+                raise RuntimeError(f"score {p.pair_id}: HTTP {r.status_code}: {r.text[:300]}")
+            body = r.json()
+            scores = body.get("scores")
+            predicted = None if not scores or scores[0] == scores[1] else ("A" if scores[0] > scores[1] else "B")
+            return {"pair_id": p.pair_id, "user_id": p.user_id, "chosen_slot": slot, "predicted": predicted,
+                    "correct": predicted == slot, "error": None if scores else body.get("status"),
+                    "pairs": (body.get("user_state") or {}).get("pairs", [])}
+
+        stored = 0
+        for k in s.points:
+            targets = [SERVICE] + ([BORROW] if k <= max(s.borrow_points, default=-1) else [])
+            jobs = [(app, u, i) for app in targets for u in users for i in range(stored, k)]
+            _pool_map(send_feedback, jobs, s.clients, f"feedback to {k}")
+            stored = k
+            for app in [SERVICE] + ([BORROW] if k in s.borrow_points else []):
+                for row in _pool_map(score, [(app, p) for p in tests], s.clients, f"{app} k={k}"):
+                    outcomes.append({"arm": app, "k": k, **row})
+        http.close()
+    finally:
+        serve.shutdown()
+        shutdown_local_ray()
+
+    # the offline twin: the same model in this process, the pairs the service says it used
+    engine = make_engine(reward.judge)
+    judge = PairwiseJudge(engine, params=SamplingParams(temperature=0.0, max_tokens=320), seed=SEED,
+                          fmt="sec_compact")
+    used = {(o["k"], o["pair_id"]): o["pairs"] for o in outcomes if o["arm"] == SERVICE}
+    triples = {(u, i + 1): {"question": h.question, "chosen": h.chosen, "rejected": h.rejected}
+               for u in users for i, h in enumerate(stream[u])}
+
+    def inputs(history_of) -> list:
+        return [RMInput(p.pair_id, p.user_id, "", p.question, p.chosen, p.rejected, history=history_of(p))
+                for p in tests]
+
+    arms = [(OFFLINE, k, lambda p, k=k: [triples[tuple(x)] for x in used[(k, p.pair_id)]]) for k in s.points]
+    arms.append((REFERENCE, None, lambda p: [triples[(p.user_id, i)] for i in range(1, HISTORY_PAIRS + 1)]))
+    for arm, k, history_of in tqdm(arms, desc="offline", leave=False):
+        for p, v in zip(tests, judge.judge(inputs(history_of), "none", 10)):
+            outcomes.append({"arm": arm, "k": k, "pair_id": p.pair_id, "user_id": p.user_id,
+                             "chosen_slot": v.chosen_slot, "predicted": v.predicted, "correct": v.correct,
+                             "error": v.error})
+    engine.close()
+    return {"outcomes": outcomes, "wall_s": time.time() - start,
+            "settings": {"recipe": s.recipe, "genrm": s.genrm, "points": list(s.points),
+                         "borrow_points": list(s.borrow_points), "users": len(users), "test_pairs": len(tests),
+                         "history_pairs": HISTORY_PAIRS, "selection": "recent", "prototypes_k": s.prototypes_k,
+                         "neighbours": 2, "seed": SEED, "clients": s.clients}}
+
+
+def write_results(result: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """outcomes.json (every verdict with its user id), summary.json, summary.md, curve.png."""
+    from pr_rlhf.files import atomic_write_text
+    from pr_rlhf.serve.curve import markdown, plot, summarize
+
+    folder.mkdir(parents=True, exist_ok=True)
+    settings = result["settings"]
+    summary = summarize(result["outcomes"], settings["points"], settings["borrow_points"])
+    summary["settings"], summary["wall_s"] = settings, round(result["wall_s"], 1)
+    atomic_write_text(folder / "outcomes.json", json.dumps({"settings": settings, "outcomes": result["outcomes"]}))
+    atomic_write_text(folder / "summary.json", json.dumps(summary, indent=1))
+    atomic_write_text(folder / "summary.md", markdown(summary))
+    plot(summary, str(folder / "curve.png"))
+    return summary
