@@ -44,7 +44,7 @@ def workload(users: int) -> list[dict]:
     from pr_rlhf.world import build_world
 
     world = build_world(load_recipe(str(common.PGENRM_RECIPE)).pgenrm.world)
-    ids = sorted({p.user_id for p in world.pairs if p.split == "test"})[:users]
+    ids = sorted(u.user_id for u in world.users if not u.cold_start)[:users]
     out = []
     for u in ids:
         feedback = [{"user_id": u, "query": h.question, "chosen": h.chosen, "rejected": h.rejected,
