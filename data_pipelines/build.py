@@ -24,6 +24,7 @@ class BuildReport:
     skipped: int
     issues: list = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    replaced: int = 0     # records read with undecodable bytes replaced (--encoding-errors replace)
 
     @property
     def records(self) -> int:
@@ -39,7 +40,8 @@ def load_source(data: DataConfig, world: WorldConfig | None = None) -> SourceOut
         return module.load(world or WorldConfig(), skip_invalid=data.skip_invalid)
     if not data.input:
         raise ValueError(f"source {data.source!r} needs --input (a local directory or a dataset name)")
-    return module.load(data.input, skip_invalid=data.skip_invalid, subsets=data.subsets, **data.options)
+    return module.load(data.input, skip_invalid=data.skip_invalid, encoding_errors=data.encoding_errors,
+                       subsets=data.subsets, **data.options)
 
 
 def attach_retrieval(out: SourceOutput, data: DataConfig, progress: bool = False) -> None:
@@ -77,6 +79,8 @@ def build_shards(data: DataConfig, world: WorldConfig | None = None, *, progress
     stage("writing shards")
     out_dir = Path(data.out)
     extra: dict[str, Any] = {"skipped": out.skipped, "issues": len(out.issues)}
+    if out.replaced:
+        extra["replaced_records"] = out.replaced
     if out.summary:
         extra["summary"] = out.summary
     config = data.model_dump(mode="json")
@@ -94,7 +98,7 @@ def build_shards(data: DataConfig, world: WorldConfig | None = None, *, progress
     elif issues_path.exists():
         issues_path.unlink()
     seconds["write"] = time.perf_counter() - t0
-    return BuildReport(out_dir, manifest, out.skipped, list(out.issues), seconds)
+    return BuildReport(out_dir, manifest, out.skipped, list(out.issues), seconds, out.replaced)
 
 
 def ensure_world_shards(out: str | Path, world: WorldConfig, embedder: str = "bm25",

@@ -103,11 +103,11 @@ def check_unique(chk: FieldChecker, seen: DuplicateTracker, q: QuestionFields) -
         seen.check(chk, "queries", q.question_id, "id")
 
 
-def load(input: str, *, skip_invalid: bool = False, subsets: list[str] | None = None,
+def load(input: str, *, skip_invalid: bool = False, encoding_errors: str = "strict", subsets: list[str] | None = None,
          splits: list[str] | None = None) -> SourceOutput:
     """Load LaMP-QA from a local directory or the hub; ``splits`` takes train / validation (or val) / test."""
     out = SourceOutput()
-    sink = IssueSink(skip_invalid, out)
+    sink = IssueSink(skip_invalid, out, encoding_errors)
     raw_splits = _raw_splits(splits)
     seen_by_subset: dict[str, DuplicateTracker] = {}
     for subset, raw_split, rows in _split_sources(input, subsets, raw_splits, splits is not None, sink):

@@ -65,11 +65,12 @@ class SurveyEntry:
     answers: dict = field(default_factory=dict)  # demographics and every other survey column
 
 
-def load(input: str, *, skip_invalid: bool = False, subsets: list[str] | None = None, variant: str | None = None,
-         survey: str | None = None, choice_attributes: str | None = None,
+def load(input: str, *, skip_invalid: bool = False, encoding_errors: str = "strict",
+         subsets: list[str] | None = None, variant: str | None = None, survey: str | None = None,
+         choice_attributes: str | None = None,
          cold_start_max_train: int = 1) -> SourceOutput:
     out = SourceOutput()
-    sink = IssueSink(skip_invalid, out)
+    sink = IssueSink(skip_invalid, out, encoding_errors)
     surveys = _read_survey(survey, sink) if survey else {}
     attributes = _read_choice_attributes(choice_attributes, sink) if choice_attributes else {}
     for subset, rows in _dataset_sources(input, subsets, variant, sink):

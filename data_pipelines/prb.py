@@ -28,10 +28,10 @@ def flip_for(pair_id: str, seed: int = 0) -> bool:
     return bool(hashlib.sha256(f"{seed}:{pair_id}".encode()).digest()[0] & 1)
 
 
-def load(input: str, *, skip_invalid: bool = False, subsets: list[str] | None = None,
+def load(input: str, *, skip_invalid: bool = False, encoding_errors: str = "strict", subsets: list[str] | None = None,
          flip_seed: int = 0) -> SourceOutput:
     out = SourceOutput()
-    sink = IssueSink(skip_invalid, out)
+    sink = IssueSink(skip_invalid, out, encoding_errors)
     for subset, rows in _subset_sources(input, subsets, sink):
         seen = DuplicateTracker()  # ids are unique within a subset (they are the LaMP-QA test ids)
         for row in rows:

@@ -132,13 +132,17 @@ def data_build(
     embedder: Optional[str] = typer.Option(None, help="minilm (shipped) | bm25 | local encoder path"),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="profile items retrieved per query"),
     skip_invalid: bool = typer.Option(False, "--skip-invalid", help="skip, count and report invalid records"),
+    encoding_errors: Optional[str] = typer.Option(None, "--encoding-errors",
+                                                  help="strict (default: bytes that are not UTF-8 make the record "
+                                                       "invalid) | replace (read them as U+FFFD, count the records)"),
     recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="recipe YAML (data: and world: sections)"),
     overrides: Optional[List[str]] = OverridesOpt,
 ) -> None:
     """Load a source, validate every record, retrieve top-k profile items, write Arrow shards + manifest."""
     cli_overrides = list(overrides or [])
     for key, value in (("data.source", source), ("data.input", input), ("data.out", out),
-                       ("data.retrieval.embedder", embedder), ("data.retrieval.top_k", top_k)):
+                       ("data.retrieval.embedder", embedder), ("data.retrieval.top_k", top_k),
+                       ("data.encoding_errors", encoding_errors)):
         if value is not None:
             cli_overrides.append(f"{key}={json.dumps(str(value)) if isinstance(value, (str, Path)) else value}")
     if skip_invalid:
@@ -167,6 +171,9 @@ def run_data_stage(recipe: Recipe):
 def print_build_report(report) -> None:
     console.print(f"[green]wrote[/] {report.out_dir} ({report.records} records, "
                   + ", ".join(f"{k} {v:.1f}s" for k, v in report.seconds.items()) + ")")
+    if report.replaced:
+        console.print(f"[yellow]replaced undecodable bytes with U+FFFD in {report.replaced} records[/] "
+                      "(--encoding-errors replace)")
     if report.skipped or report.issues:
         console.print(f"[yellow]skipped {report.skipped} invalid records[/] ({len(report.issues)} issues, "
                       f"listed in {report.out_dir / 'issues.jsonl'}):")

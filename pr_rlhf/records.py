@@ -24,7 +24,8 @@ SCHEMA_VERSION = "1.0"
 SPLITS = ("train", "val", "test")
 TABLES = ("queries", "pairs", "profiles", "rubrics", "histories")
 
-IssueKind = Literal["missing_field", "wrong_type", "empty_text", "duplicate_id", "unreadable_file", "bad_value"]
+IssueKind = Literal["missing_field", "wrong_type", "empty_text", "duplicate_id", "unreadable_file", "bad_value",
+                    "invalid_text"]
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,7 @@ class SourceOutput:
     tables: dict[str, list] = field(default_factory=lambda: {t: [] for t in TABLES})
     issues: list[RecordIssue] = field(default_factory=list)
     skipped: int = 0
+    replaced: int = 0      # records read with undecodable bytes replaced by U+FFFD (--encoding-errors replace)
     summary: dict = field(default_factory=dict)   # source-level facts for the manifest (e.g. world accuracies)
 
     def add(self, table: str, record: Any) -> None:
@@ -351,9 +353,12 @@ class DuplicateTracker:
 class IssueSink:
     """Where a loader sends the issues of each raw record: raise at once, or count and keep going."""
 
-    def __init__(self, skip_invalid: bool, out: SourceOutput):
+    def __init__(self, skip_invalid: bool, out: SourceOutput, encoding_errors: str = "strict"):
+        """``encoding_errors``: 'strict' (undecodable bytes make the record invalid, naming its field) or
+        'replace' (they become U+FFFD and the record is counted in ``out.replaced``)."""
         self.skip_invalid = skip_invalid
         self.out = out
+        self.encoding_errors = encoding_errors
 
     def accept(self, chk: FieldChecker) -> bool:
         """True when the record is valid and should be emitted."""

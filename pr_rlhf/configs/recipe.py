@@ -67,6 +67,9 @@ class DataConfig(StrictModel):
     input: str | None = Field(None, description="local directory or HF dataset name (not used by 'synthetic')")
     out: str = "data/synthetic"
     skip_invalid: bool = Field(False, description="skip, count and report invalid records instead of stopping")
+    encoding_errors: Literal["strict", "replace"] = Field(
+        "strict", description="bytes that are not UTF-8 text: 'strict' makes the record invalid (named by file, "
+                              "record, field and byte offset); 'replace' reads them as U+FFFD and counts the records")
     subsets: list[str] | None = None
     options: dict[str, Any] = Field(default_factory=dict, description="source-specific options, e.g. survey=PATH")
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)

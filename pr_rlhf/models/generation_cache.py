@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pr_rlhf.decoding import decode, first_bad_offset, first_bad_text
 from pr_rlhf.models.base import Engine, Generation, Prompt, Sample, SamplingParams
 
 IDENTITY_FIELDS = ("backend", "model", "base_url", "dtype")
@@ -58,13 +59,34 @@ class CachedEngine:
         self.chunk = max(int(chunk), 1)
         self.stats = CacheStats()
         self._entries: dict[str, dict] = {}
+        self.unreadable: list[str] = []   # "line N: why" of each cached line not used (its prompt is sent again)
         if self.path.is_file():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
-                try:
-                    entry = json.loads(line)
+            self._read(self.path.read_bytes())
+
+    def _read(self, data: bytes) -> None:
+        """Every readable line; one that is not (torn by a crash, undecodable bytes, bad text) is counted and named,
+        never repaired: its prompt is simply generated again."""
+        start = 0
+        for number, raw in enumerate(data.split(b"\n"), 1):
+            line_start, start = start, start + len(raw) + 1
+            if not raw.strip():
+                continue
+            text, _ = decode(raw)
+            why = None
+            try:
+                entry = json.loads(text)
+                bad = first_bad_text(entry)
+                if bad is not None:
+                    offset = first_bad_offset(text)
+                    at = f"byte {line_start + offset}" if offset is not None else "an escape"
+                    why = f"field {bad[0]!r}: {bad[2]} at {at}"
+                else:
                     self._entries[entry["key"]] = entry
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    self.stats.unreadable_lines += 1
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                why = f"not a cache entry ({type(exc).__name__})"
+            if why is not None:
+                self.stats.unreadable_lines += 1
+                self.unreadable.append(f"{self.path}: line {number}: {why}")
 
     def __len__(self) -> int:
         return len(self._entries)

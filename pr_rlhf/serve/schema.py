@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pr_rlhf.decoding import decode, first_bad_offset, first_bad_text
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -148,42 +150,22 @@ class BodyError(ValueError):
         self.field = field
 
 
-def _bad_text(value: Any, path: str) -> tuple[str, str] | None:
-    """The first string under ``value`` that is not valid Unicode text (a surrogate: an undecodable byte, or an
-    escaped lone surrogate), as (path, character index)."""
-    if isinstance(value, str):
-        for i, ch in enumerate(value):
-            if "\ud800" <= ch <= "\udfff":
-                return path, str(i)
-        return None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, inner in items:
-        found = _bad_text(inner, f"{path}.{key}" if path else str(key))
-        if found:
-            return found
-    return None
-
-
 def read_json_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
     """A JSON body decoded strictly: invalid UTF-8 (or an escaped lone surrogate) is an error naming the field
     and the byte offset, never a replacement character stored in a user's text; schema errors name their field
     without echoing the value (feedback text stays out of responses and logs)."""
-    offset = None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        offset = exc.start
-        text = raw.decode("utf-8", errors="surrogateescape")
+    text, undecodable = decode(raw)
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise BodyError("", f"not valid JSON: {exc.msg} at character {exc.pos}") from None
-    bad = _bad_text(value, "")
+    bad = first_bad_text(value)
     if bad is not None:
+        offset = first_bad_offset(text)
         where = f"byte {offset} of the body" if offset is not None else f"character {bad[1]} of the value"
-        raise BodyError(bad[0], f"not valid UTF-8 text (invalid bytes or a lone surrogate at {where})")
-    if offset is not None:   # undecodable bytes outside any string value
-        raise BodyError("", f"not valid UTF-8 (byte {offset})")
+        raise BodyError(bad[0], f"not valid text: {bad[2]} at {where}")
+    if undecodable:   # undecodable bytes outside any string value
+        raise BodyError("", f"not valid UTF-8 (byte {first_bad_offset(text)})")
     try:
         return model.model_validate(value)
     except ValidationError as exc:
