@@ -176,3 +176,20 @@ def test_data_build_command_fails_naming_record_and_field_then_skips_or_replaces
                          capture_output=True, text=True)
     assert run.returncode == 0 and "replaced undecodable bytes with U+FFFD in 1 records" in run.stdout, run.stdout
     assert pairs("c") == 6
+
+
+def test_the_profile_file_of_stated_preferences_is_decoded_strictly_too(tmp_path):
+    """PRISM's survey (each user's stated preferences: the profile a personalized RM reads) goes through the same
+    reader: one user's bad bytes name that line and field; the other users keep theirs."""
+    paths = fx.prism_users_fixture(tmp_path)
+    data = paths["survey"].read_bytes()
+    at = data.index(b"STATED-su1")
+    paths["survey"].write_bytes(data[:at] + b"STA\xc3(ED" + data[at + 6:])
+    load = personal_rewardbench.load
+    with pytest.raises(InvalidRecordError) as err:
+        load(str(tmp_path / "prism"), survey=str(paths["survey"]))
+    assert "survey.jsonl" in str(err.value) and "line 2" in str(err.value) and "system_string" in str(err.value)
+    assert f"byte {at + 3} of the file" in str(err.value)
+    out = load(str(tmp_path / "prism"), survey=str(paths["survey"]), skip_invalid=True)
+    stated = {p.user_id: p.stated_preferences for p in out.tables["profiles"]}
+    assert out.skipped == 1 and stated["su0"] == paths["stated"]["su0"] and stated["su1"] == ""
