@@ -51,19 +51,12 @@ def _pool_map(fn, items: list, clients: int, desc: str) -> list:
 
 def run_curve(s: CurveSettings) -> dict[str, Any]:
     """Runs every arm; returns {"outcomes": [...], "settings": {...}, "wall_s": ...}."""
-    import httpx
-    from ray import serve
-
     from pr_rlhf.configs.recipe import load_recipe
     from pr_rlhf.models import make_engine
     from pr_rlhf.models.base import SamplingParams
-    from pr_rlhf.models.embedders import make_embedder
     from pr_rlhf.reward.inputs import RMInput
-    from pr_rlhf.reward.judge import PairwiseJudge, chosen_slot
-    from pr_rlhf.serve.personalize import build_feedback_prototypes
+    from pr_rlhf.reward.judge import PairwiseJudge
     from pr_rlhf.world import build_world
-    from workers.ray_utils import init_local_ray, shutdown_local_ray
-    from workers.reward_service import deploy
 
     start = time.time()
     world = build_world(load_recipe(s.recipe).pgenrm.world)
@@ -72,10 +65,74 @@ def run_curve(s: CurveSettings) -> dict[str, Any]:
     stream = {u: world.history(u) for u in users}
     tests = [p for p in world.pairs if p.split == "test" and p.user_id in set(users)]
     s.out.mkdir(parents=True, exist_ok=True)
-    for old in s.out.glob("*.sqlite*"):
-        old.unlink()
+    # a run that stopped resumes: the service phase's verdicts and each finished offline arm are saved as they end
+    key = {"points": list(s.points), "borrow_points": list(s.borrow_points), "users": users, "genrm": s.genrm}
+    saved_service, saved_offline = s.out / "service_outcomes.json", s.out / "offline_outcomes.json"
+    resumed = json.loads(saved_service.read_text()) if saved_service.is_file() else None
+    if resumed is not None and resumed["key"] != key:
+        resumed = None
+    earlier_s = resumed["wall_s"] if resumed else 0.0
     reward = reward_config(kind="genrm", judge={"model": str(Path(s.genrm).resolve())}, sec_format="sec_compact",
                            generation={"max_tokens": 320}, seed=SEED)
+    if resumed is None:
+        outcomes = _service_phase(s, users, stream, tests, reward)
+        _write_json(saved_service, {"key": key, "wall_s": time.time() - start, "outcomes": outcomes})
+        saved_offline.unlink(missing_ok=True)
+    else:
+        outcomes = resumed["outcomes"]
+    offline_done = json.loads(saved_offline.read_text()) if saved_offline.is_file() else []
+    outcomes += offline_done
+    done_arms = {(o["arm"], o["k"]) for o in offline_done}
+
+    # the offline twin: the same model in this process, the pairs the service says it used
+    engine = make_engine(reward.judge)
+    judge = PairwiseJudge(engine, params=SamplingParams(temperature=0.0, max_tokens=320), seed=SEED,
+                          fmt="sec_compact")
+    used = {(o["k"], o["pair_id"]): o["pairs"] for o in outcomes if o["arm"] == SERVICE}
+    triples = {(u, i + 1): {"question": h.question, "chosen": h.chosen, "rejected": h.rejected}
+               for u in users for i, h in enumerate(stream[u])}
+
+    def inputs(history_of) -> list:
+        return [RMInput(p.pair_id, p.user_id, "", p.question, p.chosen, p.rejected, history=history_of(p))
+                for p in tests]
+
+    arms = [(OFFLINE, k, lambda p, k=k: [triples[tuple(x)] for x in used[(k, p.pair_id)]]) for k in s.points]
+    arms.append((REFERENCE, None, lambda p: [triples[(p.user_id, i)] for i in range(1, HISTORY_PAIRS + 1)]))
+    for arm, k, history_of in tqdm([a for a in arms if (a[0], a[1]) not in done_arms], desc="offline"):
+        rows = [{"arm": arm, "k": k, "pair_id": p.pair_id, "user_id": p.user_id, "chosen_slot": v.chosen_slot,
+                 "predicted": v.predicted, "correct": v.correct, "error": v.error}
+                for p, v in zip(tests, judge.judge(inputs(history_of), "none", 10))]
+        outcomes += rows
+        offline_done += rows
+        _write_json(saved_offline, offline_done)
+    engine.close()
+    return {"outcomes": outcomes, "wall_s": earlier_s + time.time() - start,
+            "settings": {"recipe": s.recipe, "genrm": s.genrm, "points": list(s.points),
+                         "borrow_points": list(s.borrow_points), "users": len(users), "test_pairs": len(tests),
+                         "history_pairs": HISTORY_PAIRS, "selection": "recent", "prototypes_k": s.prototypes_k,
+                         "neighbours": 2, "seed": SEED, "clients": s.clients}}
+
+
+def _write_json(path: Path, value: Any) -> None:
+    from pr_rlhf.files import atomic_write_text
+
+    atomic_write_text(path, json.dumps(value))
+
+
+def _service_phase(s: CurveSettings, users: list[str], stream: dict, tests: list, reward: Any) -> list[dict]:
+    """Users send their pairs as feedback through the running service; after each point their test pairs are
+    scored through it (and through the borrowing service at its points)."""
+    import httpx
+    from ray import serve
+
+    from pr_rlhf.models.embedders import make_embedder
+    from pr_rlhf.reward.judge import chosen_slot
+    from pr_rlhf.serve.personalize import build_feedback_prototypes
+    from workers.ray_utils import init_local_ray, shutdown_local_ray
+    from workers.reward_service import deploy
+
+    for old in s.out.glob("*.sqlite*"):
+        old.unlink()
     protos = s.out / "prototypes"
     if s.borrow_points:
         build_feedback_prototypes({u: [(h.chosen, h.rejected) for h in stream[u]] for u in users},
@@ -135,31 +192,7 @@ def run_curve(s: CurveSettings) -> dict[str, Any]:
         serve.shutdown()
         shutdown_local_ray()
 
-    # the offline twin: the same model in this process, the pairs the service says it used
-    engine = make_engine(reward.judge)
-    judge = PairwiseJudge(engine, params=SamplingParams(temperature=0.0, max_tokens=320), seed=SEED,
-                          fmt="sec_compact")
-    used = {(o["k"], o["pair_id"]): o["pairs"] for o in outcomes if o["arm"] == SERVICE}
-    triples = {(u, i + 1): {"question": h.question, "chosen": h.chosen, "rejected": h.rejected}
-               for u in users for i, h in enumerate(stream[u])}
-
-    def inputs(history_of) -> list:
-        return [RMInput(p.pair_id, p.user_id, "", p.question, p.chosen, p.rejected, history=history_of(p))
-                for p in tests]
-
-    arms = [(OFFLINE, k, lambda p, k=k: [triples[tuple(x)] for x in used[(k, p.pair_id)]]) for k in s.points]
-    arms.append((REFERENCE, None, lambda p: [triples[(p.user_id, i)] for i in range(1, HISTORY_PAIRS + 1)]))
-    for arm, k, history_of in tqdm(arms, desc="offline", leave=False):
-        for p, v in zip(tests, judge.judge(inputs(history_of), "none", 10)):
-            outcomes.append({"arm": arm, "k": k, "pair_id": p.pair_id, "user_id": p.user_id,
-                             "chosen_slot": v.chosen_slot, "predicted": v.predicted, "correct": v.correct,
-                             "error": v.error})
-    engine.close()
-    return {"outcomes": outcomes, "wall_s": time.time() - start,
-            "settings": {"recipe": s.recipe, "genrm": s.genrm, "points": list(s.points),
-                         "borrow_points": list(s.borrow_points), "users": len(users), "test_pairs": len(tests),
-                         "history_pairs": HISTORY_PAIRS, "selection": "recent", "prototypes_k": s.prototypes_k,
-                         "neighbours": 2, "seed": SEED, "clients": s.clients}}
+    return outcomes
 
 
 def write_results(result: dict[str, Any], folder: Path) -> dict[str, Any]:

@@ -31,6 +31,13 @@ def test_shrunk_curve_through_the_service_agrees_with_offline(tmp_path):
     assert all(o["pairs"] == [] for o in service if o["k"] == 0)
     assert all(o["pairs"] == [[o["user_id"], i] for i in (1, 2, 3)] for o in service if o["k"] == 3)
     assert (out / "curve.png").stat().st_size > 0
+    # run again on the same work folder: it resumes from the saved verdicts (no service, no model) to the same result
+    again = subprocess.run([sys.executable, "tools/online_curve.py", "run", "--users", "2", "--points", "0", "3",
+                            "--borrow-points", "--out", str(tmp_path / "again"), "--work", str(tmp_path / "work")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed = json.loads((tmp_path / "again" / "summary.json").read_text())
+    assert {k: v for k, v in resumed.items() if k != "wall_s"} == {k: v for k, v in summary.items() if k != "wall_s"}
 
 
 def test_committed_curve_summary_is_what_its_outcomes_give():
