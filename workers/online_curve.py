@@ -89,15 +89,24 @@ def run_curve(s: CurveSettings) -> dict[str, Any]:
     judge = PairwiseJudge(engine, params=SamplingParams(temperature=0.0, max_tokens=320), seed=SEED,
                           fmt="sec_compact")
     used = {(o["k"], o["pair_id"]): o["pairs"] for o in outcomes if o["arm"] == SERVICE}
-    triples = {(u, i + 1): {"question": h.question, "chosen": h.chosen, "rejected": h.rejected}
-               for u in users for i, h in enumerate(stream[u])}
+    # a stored pair's seq is its arrival order; its idempotency key ("<user>-<index>") names the world's pair
+    from pr_rlhf.serve.users import UserStore, sqlite_url
+
+    store = UserStore(sqlite_url(s.out / "own.sqlite"))
+    stored_as = {(r["user_id"], r["seq"]): int(r["idempotency_key"].rsplit("-", 1)[1])
+                 for r in store.export_jsonl("default")}
+    store.close()
+    triples = {(u, seq): {"question": stream[u][i].question, "chosen": stream[u][i].chosen,
+                          "rejected": stream[u][i].rejected} for (u, seq), i in stored_as.items()}
 
     def inputs(history_of) -> list:
         return [RMInput(p.pair_id, p.user_id, "", p.question, p.chosen, p.rejected, history=history_of(p))
                 for p in tests]
 
     arms = [(OFFLINE, k, lambda p, k=k: [triples[tuple(x)] for x in used[(k, p.pair_id)]]) for k in s.points]
-    arms.append((REFERENCE, None, lambda p: [triples[(p.user_id, i)] for i in range(1, HISTORY_PAIRS + 1)]))
+    first = {u: [{"question": h.question, "chosen": h.chosen, "rejected": h.rejected}
+                 for h in stream[u][:HISTORY_PAIRS]] for u in users}
+    arms.append((REFERENCE, None, lambda p: first[p.user_id]))
     for arm, k, history_of in tqdm([a for a in arms if (a[0], a[1]) not in done_arms], desc="offline"):
         rows = [{"arm": arm, "k": k, "pair_id": p.pair_id, "user_id": p.user_id, "chosen_slot": v.chosen_slot,
                  "predicted": v.predicted, "correct": v.correct, "error": v.error}
@@ -155,14 +164,15 @@ def _service_phase(s: CurveSettings, users: list[str], stream: dict, tests: list
             apps[BORROW] = root + "/borrow"
         http = httpx.Client(timeout=600)
 
-        def send_feedback(job: tuple[str, str, int]) -> None:
-            app, user, i = job
-            h = stream[user][i]
-            r = http.post(apps[app] + "/feedback", json={"user_id": user, "query": h.question, "chosen": h.chosen,
-                                                          "rejected": h.rejected,
-                                                          "idempotency_key": f"{user}-{i}"})
-            if r.status_code not in (200, 201):
-                raise RuntimeError(f"feedback {user}/{i}: HTTP {r.status_code}: {r.text[:300]}")
+        def send_feedback(job: tuple[str, str, range]) -> None:
+            app, user, indices = job
+            for i in indices:   # one user's pairs in order (users in parallel), as one person sends them
+                h = stream[user][i]
+                r = http.post(apps[app] + "/feedback", json={"user_id": user, "query": h.question,
+                                                              "chosen": h.chosen, "rejected": h.rejected,
+                                                              "idempotency_key": f"{user}-{i}"})
+                if r.status_code not in (200, 201):
+                    raise RuntimeError(f"feedback {user}/{i}: HTTP {r.status_code}: {r.text[:300]}")
 
         def score(job: tuple[str, Any]) -> dict:
             app, p = job
@@ -181,7 +191,7 @@ def _service_phase(s: CurveSettings, users: list[str], stream: dict, tests: list
         stored = 0
         for k in s.points:
             targets = [SERVICE] + ([BORROW] if k <= max(s.borrow_points, default=-1) else [])
-            jobs = [(app, u, i) for app in targets for u in users for i in range(stored, k)]
+            jobs = [(app, u, range(stored, k)) for app in targets for u in users]
             _pool_map(send_feedback, jobs, s.clients, f"feedback to {k}")
             stored = k
             for app in [SERVICE] + ([BORROW] if k in s.borrow_points else []):
