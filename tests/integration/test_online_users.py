@@ -45,6 +45,36 @@ def echo_factory(cfg):
     return Echo(cfg)
 
 
+class KillOnce:
+    """Scorer factory: the echo scorer, in a replica that SIGKILLs itself in the middle of storing the first
+    feedback whose key starts with 'kill-' (the feedback row written, its transaction not committed); a file in
+    ``gate`` makes it once, so the client's retry of the same key goes through on the new replica."""
+
+    def __init__(self, gate: Path):
+        self.gate = str(gate)
+
+    def __call__(self, cfg):
+        import os
+        import signal
+
+        import sqlalchemy as sa
+
+        gate = os.path.join(self.gate, "killed")
+
+        def die(conn, cursor, statement, parameters, context, executemany):
+            values = parameters.values() if isinstance(parameters, dict) else (parameters or ())
+            if statement.lstrip().upper().startswith("INSERT INTO FEEDBACK") and any(
+                    isinstance(v, str) and v.startswith("kill-") for v in values):
+                try:
+                    os.close(os.open(gate, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                except FileExistsError:
+                    return
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        sa.event.listen(sa.engine.Engine, "after_cursor_execute", die)
+        return echo_factory(cfg)
+
+
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
@@ -77,8 +107,13 @@ def service(ray_cluster, tmp_path_factory):  # noqa: F811
     serve.run(RewardService.options(num_replicas=1, ray_actor_options={"num_cpus": 0.25,
                                                                        "runtime_env": {"env_vars": env}})
               .bind(tenants_cfg.model_dump(), echo_factory), name="tenants", route_prefix="/tenants")
+    killable = ServeConfig(reward=reward_config(kind="gold", world=WORLD), port=port, name="killable",
+                           route_prefix="/killable", num_cpus=0.25,
+                           users=users.model_copy(update={"url": sqlite_url(folder / "killable.sqlite")}))
+    deploy(killable, scorer_factory=KillOnce(folder))
     root = base.rsplit("/", 1)[0]
-    yield {"open": root + "/open", "tenants": root + "/tenants", "folder": folder, "open_cfg": open_cfg}
+    yield {"open": root + "/open", "tenants": root + "/tenants", "killable": root + "/killable", "folder": folder,
+           "open_cfg": open_cfg, "killable_cfg": killable}
     serve.shutdown()
 
 
@@ -217,3 +252,36 @@ def test_a_redeployed_service_keeps_every_user_and_logs_no_feedback_text(service
     leaked = [p for p in logs.rglob("*") if p.is_file() and p.stat().st_size < 50_000_000
               and marker.encode() in p.read_bytes()]
     assert not leaked, leaked
+
+
+def test_a_replica_killed_mid_write_leaves_no_partial_record(service):
+    """The replica dies (SIGKILL) between writing the feedback row and committing: the client sees a failure, Serve
+    brings a replica back, the store holds nothing of that feedback, and the client's retry with the same key stores
+    it once, as the user's next pair."""
+    import time
+
+    url, store = service["killable"], UserStore(service["killable_cfg"].users.url)
+    for i in range(2):
+        assert httpx.post(url + "/feedback", json=feedback("kim", f"kim-{i}"), timeout=60).status_code == 201
+    body = feedback("kim", "kill-1", chosen="the one in flight")
+    try:
+        failed = httpx.post(url + "/feedback", json=body, timeout=60).status_code
+    except httpx.HTTPError as exc:
+        failed = type(exc).__name__
+    assert failed != 201, failed
+    assert store.count() == (1, 2) and store.get_user("default", "kim").size == 2   # nothing partial
+    deadline = time.time() + 180
+    while time.time() < deadline:   # Serve replaces the replica; the client retries the same key
+        try:
+            r = httpx.get(url + "/users/kim", timeout=10)
+            if r.status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    state = store.get_user("default", "kim", history=None)
+    assert state.size == 2 and [h["seq"] for h in state.history] == [1, 2]
+    assert (service["folder"] / "killed").exists()          # it was killed where the test meant
+    retry = httpx.post(url + "/feedback", json=body, timeout=60)
+    assert retry.status_code == 201 and retry.json()["seq"] == 3, retry.text
+    assert store.get_user("default", "kim", history=None).history[-1]["chosen"] == "the one in flight"
