@@ -43,7 +43,7 @@ $(STAMP): setup.py constraints.txt Makefile
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec $(QUIET_PIP)
 	# PostgreSQL's server binaries (the user store's tests start a local server): Debian's package where absent
 	ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null || \
-	  { command -v apt-get >/dev/null && apt-get install -y -q postgresql >/dev/null 2>&1; } || \
+	  { command -v apt-get >/dev/null && apt-get update -q >/dev/null 2>&1 && apt-get install -y -q postgresql >/dev/null 2>&1; } || \
 	  echo "note: PostgreSQL is not installed; tests/integration/test_user_store.py needs it"
 	$(PY) -c "import torch, vllm, ray, pr_rlhf; v = torch.__version__; assert v.endswith('+cpu'), f'expected the CPU torch, got {v}'"
 	touch $(STAMP)
