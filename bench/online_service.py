@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import socket
 import sys
 import tempfile
 import time
@@ -30,12 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import common
 
 FEEDBACK_PAIRS, SCORED_PAIRS = 3, 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def workload(users: int) -> list[dict]:
@@ -97,6 +90,7 @@ def measure(args: argparse.Namespace) -> common.Result:
     from pr_rlhf.configs.reward import reward_config
     from pr_rlhf.configs.serve import ServeConfig, UserStoreConfig
     from pr_rlhf.serve.users import UserStore, sqlite_url
+    from workers.learner.ranks import free_port
     from workers.ray_utils import init_local_ray, shutdown_local_ray
     from workers.reward_service import deploy
 
@@ -110,7 +104,7 @@ def measure(args: argparse.Namespace) -> common.Result:
     folder = Path(tempfile.mkdtemp(prefix="online_bench_"))
     stores = {name: sqlite_url(folder / f"{name}.sqlite") for name in ("single", "batched")}
     init_local_ray(num_cpus=4)
-    port = _free_port()
+    port = free_port()
     try:
         base = deploy(ServeConfig(reward=reward, port=port, name="single", route_prefix="/single", num_cpus=2,
                                   max_batch_size=1, users=UserStoreConfig(url=stores["single"], embedder=None,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from pr_rlhf.decoding import bytes_to_text, decode, first_bad_offset, first_bad_text, foreign_encoding, strip_bom
+from pr_rlhf.decoding import bytes_to_text, decode, find_bad_text, foreign_encoding, strip_bom
 from pr_rlhf.records import FieldChecker, IssueSink
 
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -80,15 +80,12 @@ def _checked(path: Path, where: str, data: Any, sink: IssueSink, replaced: int =
     """False (the record reported) when ``data`` holds bad text. ``text``: the record's source text, starting at
     byte ``start`` of the file (None: a parquet row, located within the value). A record read with replacements
     is counted."""
-    bad = first_bad_text(data)
-    if bad is not None:
-        field_path, index, what = bad
-        offset = first_bad_offset(text) if text is not None else None
-        at = (f"byte {start + offset} of the file" if offset is not None else
-              f"character {index} of the value" if text is None else "an escape in the JSON text")
+    found = find_bad_text(data, text, start)
+    if found is not None:
+        field_path, what = found
         chk = FieldChecker(str(path), where, {})
-        chk.fail(field_path, "invalid_text", f"not valid text: {what} at {at} (use --encoding-errors replace to "
-                                             "read undecodable bytes as U+FFFD)")
+        chk.fail(field_path, "invalid_text", f"not valid text: {what} (use --encoding-errors replace to read "
+                                             "undecodable bytes as U+FFFD)")
         sink.accept(chk)
         return False
     if replaced:

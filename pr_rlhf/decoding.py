@@ -35,7 +35,7 @@ def strip_bom(data: bytes) -> tuple[bytes, int]:
 
 
 def decode(data: bytes, errors: EncodingErrors = "strict") -> tuple[str, int]:
-    """(text, undecodable byte sequences). Strict: each undecodable byte becomes a lone surrogate (found later by
+    """(text, undecodable bytes). Strict: each undecodable byte becomes a lone surrogate (found later by
     :func:`first_bad_text`); replace: U+FFFD."""
     if errors not in ENCODING_ERRORS:
         raise ValueError(f"encoding errors {errors!r}: expected one of {ENCODING_ERRORS}")
@@ -43,15 +43,10 @@ def decode(data: bytes, errors: EncodingErrors = "strict") -> tuple[str, int]:
         return data.decode("utf-8"), 0
     except UnicodeDecodeError:
         pass
-    bad, position = 0, 0
-    while True:   # count the undecodable sequences (what 'replace' reports)
-        try:
-            data[position:].decode("utf-8")
-            break
-        except UnicodeDecodeError as exc:
-            bad += 1
-            position += exc.end
-    return data.decode("utf-8", "surrogateescape" if errors == "strict" else "replace"), bad
+    # one more pass each, on failure only: each undecodable byte becomes one surrogate, which counts them
+    escaped = data.decode("utf-8", "surrogateescape")
+    bad = sum("\udc80" <= ch <= "\udcff" for ch in escaped)
+    return (escaped if errors == "strict" else data.decode("utf-8", "replace")), bad
 
 
 def is_bad_char(ch: str) -> bool:
@@ -99,6 +94,22 @@ def first_bad_offset(text: str) -> int | None:
         if is_bad_char(ch):
             return byte_offset(text, i)
     return None
+
+
+def find_bad_text(value: Any, text: str | None, start: int = 0, unit: str = "of the file") -> tuple[str, str] | None:
+    """(field path, what is wrong and where) for the first bad text in ``value``, parsed from ``text`` that begins
+    at byte ``start`` of its source (``unit`` names the source; None ``text``: a value read without source text,
+    located by its character); None when all of it is text."""
+    bad = first_bad_text(value)
+    if bad is None:
+        return None
+    path, index, what = bad
+    if text is None:
+        return path, f"{what} at character {index} of the value"
+    offset = first_bad_offset(text)
+    if offset is None:
+        return path, f"{what} at an escape in the JSON text"
+    return path, f"{what} at byte {start + offset}" + (f" {unit}" if unit else "")
 
 
 def bytes_to_text(value: Any, errors: EncodingErrors, path: str = "") -> tuple[Any, tuple[str, int, str] | None,

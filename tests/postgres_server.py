@@ -6,7 +6,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.local_nodes import free_port
+
 
 def postgres_bin() -> Path | None:
     found = shutil.which("pg_ctl")
@@ -22,12 +23,6 @@ def postgres_bin() -> Path | None:
         return Path(found).resolve().parent
     versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
     return Path(versions[-1]).parent if versions else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
@@ -45,7 +40,7 @@ def postgres_server() -> Iterator[str]:
     if os.geteuid() == 0:
         shutil.chown(folder, "nobody")
         as_user = ["runuser", "-u", "nobody", "--"]
-    data, port = folder / "data", _free_port()
+    data, port = folder / "data", free_port()
     def run(*args: str) -> None:
         done = subprocess.run([*as_user, *args], capture_output=True, text=True)
         if done.returncode != 0:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from pr_rlhf.configs.reward import reward_config
 from pr_rlhf.configs.serve import ServeConfig, UserStoreConfig
 from pr_rlhf.serve.curve import BORROW, OFFLINE, REFERENCE, SERVICE
 from pr_rlhf.serve.users import sqlite_url
+from workers.learner.ranks import free_port
 
 HISTORY_PAIRS = 3
 SEED = 0
@@ -36,12 +36,6 @@ class CurveSettings:
     users: int | None = None         # the first N seen users (None: all)
     clients: int = 32
     prototypes_k: int = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pool_map(fn, items: list, clients: int, desc: str) -> list:
@@ -148,7 +142,7 @@ def _service_phase(s: CurveSettings, users: list[str], stream: dict, tests: list
                                   make_embedder("minilm", cache=False), s.prototypes_k, seed=SEED).save(protos)
     outcomes: list[dict] = []
     init_local_ray(num_cpus=4)
-    port = _free_port()
+    port = free_port()
     try:
         own_cfg = ServeConfig(reward=reward, port=port, name="own", route_prefix="/own", num_cpus=2,
                               users=UserStoreConfig(url=sqlite_url(s.out / "own.sqlite"), embedder=None,

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pr_rlhf.decoding import decode, first_bad_offset, first_bad_text
+from pr_rlhf.decoding import decode, find_bad_text
 from pr_rlhf.models.base import Engine, Generation, Prompt, Sample, SamplingParams
 
 IDENTITY_FIELDS = ("backend", "model", "base_url", "dtype")
@@ -75,11 +75,9 @@ class CachedEngine:
             why = None
             try:
                 entry = json.loads(text)
-                bad = first_bad_text(entry)
-                if bad is not None:
-                    offset = first_bad_offset(text)
-                    at = f"byte {line_start + offset}" if offset is not None else "an escape"
-                    why = f"field {bad[0]!r}: {bad[2]} at {at}"
+                found = find_bad_text(entry, text, line_start, unit=None)
+                if found is not None:
+                    why = f"field {found[0]!r}: {found[1]}"
                 else:
                     self._entries[entry["key"]] = entry
             except (json.JSONDecodeError, KeyError, TypeError) as exc:

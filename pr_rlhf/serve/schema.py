@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pr_rlhf.decoding import decode, first_bad_offset, first_bad_text
+from pr_rlhf.decoding import decode, find_bad_text
 
 
 class _Strict(BaseModel):
@@ -159,13 +159,11 @@ def read_json_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise BodyError("", f"not valid JSON: {exc.msg} at character {exc.pos}") from None
-    bad = first_bad_text(value)
-    if bad is not None:
-        offset = first_bad_offset(text)
-        where = f"byte {offset} of the body" if offset is not None else f"character {bad[1]} of the value"
-        raise BodyError(bad[0], f"not valid text: {bad[2]} at {where}")
+    found = find_bad_text(value, text, unit="of the body")
+    if found is not None:
+        raise BodyError(found[0], f"not valid text: {found[1]}")
     if undecodable:   # undecodable bytes outside any string value
-        raise BodyError("", f"not valid UTF-8 (byte {first_bad_offset(text)})")
+        raise BodyError("", "not valid UTF-8 outside the string values")
     try:
         return model.model_validate(value)
     except ValidationError as exc:

@@ -18,6 +18,7 @@ from pr_rlhf.configs.reward import reward_config
 from pr_rlhf.configs.serve import ServeConfig, UserStoreConfig
 from pr_rlhf.serve.users import UserStore, sqlite_url
 from pr_rlhf.world import WorldConfig
+from tests.local_nodes import free_port
 from tests.optional import need
 from tests.ray_fixtures import ray_cluster  # noqa: F401  (a session-wide Ray cluster)
 
@@ -76,14 +77,6 @@ class KillOnce:
 
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

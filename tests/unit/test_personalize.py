@@ -61,9 +61,10 @@ def test_a_cold_user_borrows_from_the_most_similar_users_of_their_prototype(tmp_
     assert [h.chosen for h in item.history] == ["left 3", "left 2", "left 6"]
     assert prov.own == 1 and prov.borrowed_from == ["ann", "bo"]
     assert prov.pairs == [("bo", 1), ("ann", 2), ("dee", 1)]
-    # with enough own pairs nothing is borrowed; the other side's user never lends to this one
-    (full,), (prov_cy,) = users.personalize("t", [ScoreItem(user_id="cy", query="q", response="x")])
-    assert prov_cy.borrowed_from == [] or set(prov_cy.borrowed_from).isdisjoint({"ann", "bo", "dee"})
+    # the other side's users never lend: cy (2 pairs, alone in its prototype) borrows nothing
+    (alone,), (prov_cy,) = users.personalize("t", [ScoreItem(user_id="cy", query="q", response="x")])
+    assert prov_cy.own == 2 and prov_cy.borrowed_from == [] and [h.chosen for h in alone.history] == [
+        "right 4", "right 5"]
 
 
 def test_profile_posts_and_stated_preferences_fill_only_what_is_missing(tmp_path):
