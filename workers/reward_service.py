@@ -202,7 +202,7 @@ class RewardService:
         return {"rewards": rewards, "scores": rewards,
                 "extra_logs": {"latency_ms": [r.latency_ms for r in results]}}
 
-    async def _feedback(self, request: Request, authorization: str | None, model: type) -> tuple[str, list]:
+    async def _feedback(self, request: Request, authorization: str | None, model: type) -> list:
         tenant = self._tenant(authorization)
         users = self._store()
         try:
@@ -220,18 +220,18 @@ class RewardService:
                 raise HTTPException(status_code=422, detail={"field": field if model is FeedbackItem else
                                                              f"items.{i}.{field}", "error": problem})
         try:
-            return tenant, await asyncio.to_thread(users.add_feedback, tenant, items)
+            return await asyncio.to_thread(users.add_feedback, tenant, items)
         except IdempotencyConflict as exc:
             raise HTTPException(status_code=409, detail={"field": "idempotency_key", "error": str(exc)}) from None
 
     @app.post("/feedback", status_code=201)
     async def feedback(self, request: Request, authorization: str | None = Header(None)) -> JSONResponse:
-        _, (receipt,) = await self._feedback(request, authorization, FeedbackItem)
+        (receipt,) = await self._feedback(request, authorization, FeedbackItem)
         return JSONResponse(status_code=200 if receipt.duplicate else 201, content=vars(receipt))
 
     @app.post("/feedback_batch")
     async def feedback_batch(self, request: Request, authorization: str | None = Header(None)) -> dict:
-        _, receipts = await self._feedback(request, authorization, FeedbackBatch)
+        receipts = await self._feedback(request, authorization, FeedbackBatch)
         return {"receipts": [vars(r) for r in receipts]}
 
     @app.get("/users/{user_id}")
