@@ -3,6 +3,7 @@
 
     python tools/reanalyse_results.py            # all of them
     python tools/reanalyse_results.py rl pgenrm  # some
+    python tools/reanalyse_results.py quickstart bon   # after `make quickstart`, `make quickstart-full`, the BoN run
 
 - RL sweeps (personalized_vs_global, its PPO twin, rl_validity): each arm's committed history (held-out downstream
   per prompt, with each prompt's user) -> sweep.json / sweep.md / sweep.png regenerated in place, the agreement
@@ -228,9 +229,97 @@ def pgenrm_markdown(folder: str, doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _keep(run: Path, dest: Path, names: list[str]) -> None:
+    """Copy a run's small result files (relative paths; globs allowed) into dest, same layout."""
+    for pattern in names:
+        for src in sorted(run.glob(pattern)):
+            out = dest / src.relative_to(run)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, out)
+
+
+QUICKSTART_FILES = ["summary.json", "recipe.yaml", "eval/metrics.json", "eval/models.json", "eval/models.md",
+                    "eval/predictions.parquet", "eval/models/*/metrics.json", "eval/models/*/predictions.parquet",
+                    "pgenrm/*/result.json", "pgenrm/*/eval_*/predictions.parquet", "pgenrm/ablation.json",
+                    "pgenrm/headroom.json", "rl/history.json", "scaling/scaling_grid.json",
+                    "scaling/scaling_grid_pairs.json", "bon/bon.json", "bon/correlation.json", "bon/samples.parquet"]
+
+
+def reanalyse_quickstart() -> None:
+    """`make quickstart` (runs/quickstart) and `make quickstart-full` (runs/quickstart_full) on an otherwise idle
+    machine: each run's summary (minutes, peak RSS of the process tree), every evaluated model's per-pair
+    predictions with user ids and its metrics (CIs resampling users), the brief PSI's and the untrained base's
+    per-pair predictions, the GRPO stage's per-prompt history, and the full tour's scaling grid and Best-of-N
+    samples. `run.json` beside them (written by hand at the run) says the command, commit and CPU."""
+    for name in ("quickstart", "quickstart_full"):
+        run = ROOT / "runs" / name
+        if not (run / "summary.json").is_file():
+            print(f"{name}: no finished run in {run}")
+            continue
+        if (run / "bon" / "pool").is_dir():
+            bon_samples(run / "bon")
+        _keep(run, RESULTS / name, QUICKSTART_FILES)
+        print(f"{name}: {RESULTS / name}")
+
+
+def bon_samples(run: Path) -> Path:
+    """One row per pooled sample: prompt, user, subset, sample index, response, the downstream quality and every
+    reward model's score (``score/<rm>``): what the best-of-k curves are computed from, re-analysable alone."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from workers.bon import DOWNSTREAM, _parts
+
+    # the sweep's own order (parts in order, stably by sample), so the curves' bootstrap sees the same sequence
+    rows = sorted(_parts(run / "pool"), key=lambda r: int(r["sample"]))
+    keep = ("prompt_id", "user_id", "subset", "question", "sample", "text")
+    out = [{k: r.get(k) for k in keep} for r in rows]
+    for folder in sorted((run / "scores").iterdir()):
+        scores = {(r["prompt_id"], int(r["sample"])): r["score"] for r in _parts(folder)}
+        column = "quality" if folder.name == DOWNSTREAM else f"score/{folder.name}"
+        for r, o in zip(rows, out):
+            o[column] = scores.get((r["prompt_id"], int(r["sample"])))
+    path = run / "samples.parquet"
+    pq.write_table(pa.Table.from_pylist(out), path, compression="zstd")
+    return path
+
+
+def reanalyse_bon() -> None:
+    """The Best-of-N sweep of the shipped P-GenRM beside the world's reference predictors (`pr-rlhf bon
+    docs/results/bon/recipe.yaml`, runs/bon_shipped): its per-sample scores (samples.parquet), the curves recomputed
+    from them alone (every CI resampling users) and checked against the sweep's own bon.json, the validity report."""
+    import pyarrow.parquet as pq
+
+    from pr_rlhf.bon.curves import ScoredPool, curve
+
+    run, dest = ROOT / "runs" / "bon_shipped", RESULTS / "bon"
+    bon_samples(run)
+    _keep(run, dest, ["samples.parquet", "bon.json", "bon.md", "correlation.json", "correlation.md"])
+    rows = pq.read_table(dest / "samples.parquet").to_pylist()
+    report = json.loads((dest / "bon.json").read_text())
+    rms = [c.split("/", 1)[1] for c in rows[0] if c.startswith("score/")]
+    by_prompt: dict[str, list[dict]] = {}
+    for r in rows:
+        by_prompt.setdefault(r["prompt_id"], []).append(r)
+    for rm in rms:
+        pools = []
+        for pid, samples in by_prompt.items():
+            kept = [s for s in samples if s["quality"] is not None]
+            raw = [s[f"score/{rm}"] for s in kept]
+            floor = min((v for v in raw if v is not None), default=0.0) - 1.0
+            pools.append(ScoredPool(pid, kept[0]["subset"], tuple(floor if v is None else float(v) for v in raw),
+                                    tuple(float(s["quality"]) for s in kept), kept[0]["user_id"]))
+        points = {(p.subset, p.k): p for p in curve(pools, seed=0)}
+        for old in report["curves"][rm]:
+            new = points[(old["subset"], old["k"])]
+            assert abs(new.mean - old["mean"]) < 1e-9 and abs(new.ci_low - old["ci_low"]) < 1e-9, (rm, old)
+    print(f"bon: {len(by_prompt)} prompts of {len({r['user_id'] for r in rows})} users, {len(rms)} reward models;"
+          f" curves recomputed from samples.parquet equal bon.json")
+
+
 def main() -> None:
     jobs = {"rl": reanalyse_rl, "pgenrm": reanalyse_pgenrm, "bt": reanalyse_bt, "rl_tiny": reanalyse_rl_tiny,
-            "world": reanalyse_world}
+            "world": reanalyse_world, "quickstart": reanalyse_quickstart, "bon": reanalyse_bon}
     for name in sys.argv[1:] or list(jobs):
         jobs[name]()
 
