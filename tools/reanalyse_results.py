@@ -313,8 +313,11 @@ def reanalyse_bon() -> None:
         for old in report["curves"][rm]:
             new = points[(old["subset"], old["k"])]
             assert abs(new.mean - old["mean"]) < 1e-9 and abs(new.ci_low - old["ci_low"]) < 1e-9, (rm, old)
-    print(f"bon: {len(by_prompt)} prompts of {len({r['user_id'] for r in rows})} users, {len(rms)} reward models;"
-          f" curves recomputed from samples.parquet equal bon.json")
+    doc = {"prompts": len(by_prompt), "users": len({r["user_id"] for r in rows}), "samples": len(rows),
+           "reward_models": rms, "ci_unit": "user", "curves_recomputed_equal_bon_json": True}
+    (dest / "reanalysis.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"bon: {doc['prompts']} prompts of {doc['users']} users, {len(rms)} reward models; curves recomputed "
+          "from samples.parquet equal bon.json")
 
 
 def main() -> None:
