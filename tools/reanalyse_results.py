@@ -290,7 +290,7 @@ def reanalyse_bon() -> None:
     from them alone (every CI resampling users) and checked against the sweep's own bon.json, the validity report."""
     import pyarrow.parquet as pq
 
-    from pr_rlhf.bon.curves import ScoredPool, curve
+    from pr_rlhf.bon.curves import curve, scored_pool
 
     run, dest = ROOT / "runs" / "bon_shipped", RESULTS / "bon"
     bon_samples(run)
@@ -305,10 +305,8 @@ def reanalyse_bon() -> None:
         pools = []
         for pid, samples in by_prompt.items():
             kept = [s for s in samples if s["quality"] is not None]
-            raw = [s[f"score/{rm}"] for s in kept]
-            floor = min((v for v in raw if v is not None), default=0.0) - 1.0
-            pools.append(ScoredPool(pid, kept[0]["subset"], tuple(floor if v is None else float(v) for v in raw),
-                                    tuple(float(s["quality"]) for s in kept), kept[0]["user_id"]))
+            pools.append(scored_pool(pid, kept[0]["subset"], kept[0]["user_id"], [s[f"score/{rm}"] for s in kept],
+                                     [s["quality"] for s in kept]))
         points = {(p.subset, p.k): p for p in curve(pools, seed=0)}
         for old in report["curves"][rm]:
             new = points[(old["subset"], old["k"])]

@@ -165,7 +165,7 @@ class BoNSweep:
     # ------------------------------------------------------------------------------------------ run
     def run(self) -> dict[str, Any]:
         from pr_rlhf.bon.correlation import correlation_report, write_correlation_report
-        from pr_rlhf.bon.curves import ScoredPool, curve, mlflow_metrics, plot_curves, plot_reward_models
+        from pr_rlhf.bon.curves import curve, mlflow_metrics, plot_curves, plot_reward_models, scored_pool
 
         prompts = load_bon_prompts(self.cfg, self.seed)
         pool = self.generate_pool(prompts)
@@ -183,12 +183,9 @@ class BoNSweep:
                 dropped += len(samples) - len(kept)
                 raw = [scores.get((pid, s["sample"])) for s in kept]
                 unscored += sum(v is None for v in raw)
-                floor = min((v for v in raw if v is not None), default=0.0) - 1.0   # unscored: below every scored
                 if kept:
-                    pools.append(ScoredPool(pid, kept[0]["subset"], tuple(floor if v is None else float(v)
-                                                                         for v in raw),
-                                            tuple(float(quality[(pid, s["sample"])]) for s in kept),
-                                            kept[0]["user_id"]))
+                    pools.append(scored_pool(pid, kept[0]["subset"], kept[0]["user_id"], raw,
+                                             [quality[(pid, s["sample"])] for s in kept]))
             curves[name] = curve(pools, self.cfg.ks, self.cfg.n_bootstrap, self.seed)
             counts[name] = {"prompts": len(pools), "downstream_unscored": dropped, "rm_unscored": unscored}
         bench = self.benchmark_accuracies()

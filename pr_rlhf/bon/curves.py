@@ -26,6 +26,15 @@ class ScoredPool:
     user_id: str
 
 
+def scored_pool(prompt_id: str, subset: str, user_id: str, scores: Sequence[float | None],
+                quality: Sequence[float]) -> ScoredPool:
+    """A prompt's pool from its samples' RM scores (None: the RM could not score it) and downstream quality; an
+    unscored sample ranks below every scored one of its prompt, so an RM failure is never a lucky pick."""
+    floor = min((v for v in scores if v is not None), default=0.0) - 1.0
+    return ScoredPool(prompt_id, subset, tuple(floor if v is None else float(v) for v in scores),
+                      tuple(float(q) for q in quality), user_id)
+
+
 @dataclass(frozen=True)
 class CurvePoint:
     subset: str          # "all" for every prompt

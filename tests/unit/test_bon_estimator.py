@@ -102,3 +102,15 @@ def test_curves_per_subset_with_ci_plot_and_metrics(tmp_path):
     assert plot_curves(points, tmp_path / "bon.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="smallest pool"):
         curve(pools, ks=[32])
+
+
+def test_an_unscored_sample_ranks_below_every_scored_one_of_its_prompt():
+    from pr_rlhf.bon.curves import scored_pool
+
+    pool = scored_pool("p", "s", "u", [0.2, None, -3.0], [0.1, 1.0, 0.5])
+    assert pool.scores[1] < min(pool.scores[0], pool.scores[2])
+    assert pool.quality == (0.1, 1.0, 0.5) and pool.user_id == "u"
+    # an RM failure is never the pick, even where that sample is the best one: best-of-3 takes the top scored
+    assert expected_best_of_k(pool.scores, pool.quality, 3) == 0.1
+    blank = scored_pool("p", "s", "u", [None, None], [0.0, 1.0])
+    assert blank.scores[0] == blank.scores[1]   # nothing scored: a uniform pick
