@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import socket
 import statistics
 import sys
 import threading
@@ -45,6 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import common
+from workers.learner.ranks import free_port
 
 HISTORY_PAIRS = 3
 
@@ -61,12 +61,6 @@ class Load:
 
     def rps(self) -> float:
         return len(self.scores) / self.wall_s
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_load(url: str, items: list[dict], clients: int, retries: int = 0, on_sent=None) -> Load:

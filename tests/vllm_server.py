@@ -3,7 +3,6 @@ group, and count the requests it finished (Prometheus ``/metrics``)."""
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,16 +11,12 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from tests.local_nodes import free_port
+
 STARTUP_TIMEOUT_S = 240
 # vllm 0.32: a counter labelled engine, finished_reason (stop, length, abort, error, repetition) and model_name;
 # a request for n samples counts n.
 SUCCESS_METRIC = "vllm:request_success_total"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float, log_path) -> None:

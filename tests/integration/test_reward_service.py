@@ -8,7 +8,6 @@ import concurrent.futures
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from pr_rlhf.configs.reward import reward_config
 from pr_rlhf.configs.serve import ServeConfig
 from pr_rlhf.world import WorldConfig, build_world
 from tests.cli_subprocess import kill_session
+from tests.local_nodes import free_port
 from tests.optional import need
 from tests.ray_fixtures import ray_cluster  # noqa: F401  (a session-wide Ray cluster)
 
@@ -31,12 +31,6 @@ serve = need("ray.serve")
 
 ROOT = Path(__file__).resolve().parents[2]
 WORLD = WorldConfig(users=6, cold_start_users=0, history_size=2, val_pairs_per_user=0, test_pairs_per_user=2)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 HOLD = "#hold"     # a query ending so is held by the gold replicas' scorer (see HoldOnce)
