@@ -9,7 +9,9 @@ about two hours of 2 cores per world and arm set).
     python tools/pgenrm_worlds.py convert --folder docs/results/pgenrm_w2 --recipe <its recipe>   # an earlier run
 
 Each world's runs live under runs/pgenrm_worlds/w<seed>/ (shards, the main arm set, the label-filtered one, the
-scaling grid); a rerun continues where the last one stopped. What is committed: docs/results/pgenrm_worlds/
+scaling grid, and `rerun`: a fresh PSI for the ablations and the grid where the main set's is gone); a rerun
+continues where the last one stopped, and an arm set already collected counts as done (DEVIATIONS.md). What is
+committed: docs/results/pgenrm_worlds/
 w<seed>/outcomes.json (every arm's verdict per pair, with user ids and the contested flag), the stages' results,
 headroom, references and the commands with their wall times (runs.jsonl).
 """
@@ -46,10 +48,18 @@ ARM_SETS = (
     ("filtered", ["psi", "cre"], ["pgenrm.psi.label_filter=true"]),
     ("ablations", ["cre_no_pr", "cre_no_or"], []),   # from the main set's PSI, in its run directory
 )
-# arm name in the analysis -> (arm set's run directory, stage)
+# Run directories do not outlive the machine they ran on, and a rerun of PSI is not bit-identical (its loss
+# drifts from the 6th step on). Where the main set's PSI is gone, the ablations start from a fresh PSI -> CRE in
+# RERUN and are compared with that CRE (the same PSI, as the pre-registered contrast means; DEVIATIONS.md), and
+# the scaling grid runs on that PSI.
+RERUN = "rerun"
+RERUN_ABLATION_STAGES = ["psi", "cre", "cre_no_pr", "cre_no_or"]
+# arm name in the analysis -> (arm set's run directory, stage); the ablation arms: ablation_arms()
 ARMS = {"psi": ("main", "psi"), "cre": ("main", "cre"), "curriculum": ("main", "curriculum"),
-        "control": ("main", "control"), "cre_no_pr": ("main", "cre_no_pr"), "cre_no_or": ("main", "cre_no_or"),
-        "psi_filtered": ("filtered", "psi"), "cre_filtered": ("filtered", "cre")}
+        "control": ("main", "control"), "psi_filtered": ("filtered", "psi"), "cre_filtered": ("filtered", "cre")}
+# the arms each arm set yields, for telling from the collected outcomes that a set has finished
+SET_ARMS = {"main": ["psi", "cre", "curriculum", "control"], "filtered": ["psi_filtered", "cre_filtered"],
+            "ablations": ["cre_no_pr", "cre_no_or"]}
 
 ENDPOINTS = (
     Endpoint("primary: CRE - PSI (seen)", "cre", "psi"),
@@ -62,8 +72,9 @@ ENDPOINTS = (
     Endpoint("cold-start cost: control - CRE", "control", "cre", group="cold"),
     Endpoint("cold-start cost: filtered CRE - filtered PSI", "cre_filtered", "psi_filtered", group="cold"),
     Endpoint("cold-start cost: full pipeline - PSI", "curriculum", "psi", group="cold"),
-    Endpoint("ablation: CRE - CRE w/o PR (seen)", "cre", "cre_no_pr"),
-    Endpoint("ablation: CRE - CRE w/o OR (seen)", "cre", "cre_no_or"),
+    # the CRE from the same PSI as its ablations: the main set's CRE, or the rerun's (DEVIATIONS.md)
+    Endpoint("ablation: CRE - CRE w/o PR (seen)", "cre_ablation_ref", "cre_no_pr"),
+    Endpoint("ablation: CRE - CRE w/o OR (seen)", "cre_ablation_ref", "cre_no_or"),
     Endpoint("exploratory: scaling (16, 0) - (0, 0) on PSI (seen)", "scaling_16_0", "scaling_0_0"),
     Endpoint("exploratory: scaling (16, 8) - (0, 0) on PSI (seen)", "scaling_16_8", "scaling_0_0"),
     Endpoint("exploratory: scaling (16, 8) - (0, 0) on PSI (cold)", "scaling_16_8", "scaling_0_0", group="cold"),
@@ -80,10 +91,31 @@ def world_sets(world: int) -> list[str]:
     return sets
 
 
+def complete(world: int, run: str, stage: str) -> bool:
+    return (RUNS / f"w{world}" / run / stage / "COMPLETE").is_file()
+
+
+def psi_home(world: int) -> str:
+    """The run directory whose PSI the ablations and the scaling grid start from."""
+    return "main" if complete(world, "main", "psi") else RERUN
+
+
+def ablation_arms(world: int) -> dict[str, tuple[str, str]]:
+    """The ablation arms and the CRE they are compared with, from the run directory that holds them."""
+    home = "main" if complete(world, "main", "cre_no_pr") else RERUN
+    return {"cre_ablation_ref": (home, "cre"), "cre_no_pr": (home, "cre_no_pr"), "cre_no_or": (home, "cre_no_or"),
+            **({"psi_rerun": (RERUN, "psi")} if home == RERUN else {})}
+
+
 def pgenrm_command(world: int, arm_set: str) -> list[str]:
-    name, stages, extra = next(a for a in ARM_SETS if a[0] == arm_set)
-    run_dir = RUNS_REL / f"w{world}" / ("main" if name == "ablations" else name)
-    cmd = [sys.executable, "-m", "pr_rlhf.cli", "pgenrm", RECIPE, "--out", str(run_dir),
+    if arm_set == RERUN:   # a fresh PSI alone, for the scaling grid
+        run, stages, extra = RERUN, ["psi"], []
+    else:
+        run, stages, extra = next(a for a in ARM_SETS if a[0] == arm_set)
+    if run == "ablations":
+        run = psi_home(world)
+        stages = stages if run == "main" else RERUN_ABLATION_STAGES
+    cmd = [sys.executable, "-m", "pr_rlhf.cli", "pgenrm", RECIPE, "--out", str(RUNS_REL / f"w{world}" / run),
            "--set", f"seed={world}", "--set", f"pgenrm.world.seed={world}",
            "--set", f"pgenrm.world.cold_start_users={COLD_START_USERS}",
            "--set", f"pgenrm.shards={RUNS_REL / f'w{world}' / 'data'}"]
@@ -106,16 +138,20 @@ def scaling_recipe(world: int) -> Path:
     path = RUNS / f"w{world}" / "scaling.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump({"name": f"pgenrm_worlds_w{world}_scaling", "seed": world, "scaling": {
-        "model": str(RUNS / f"w{world}" / "main" / "psi" / "model"), "shards": str(RUNS / f"w{world}" / "data"),
+        "model": str(RUNS / f"w{world}" / psi_home(world) / "psi" / "model"),
+        "shards": str(RUNS / f"w{world}" / "data"),
         "world": recipe.pgenrm.world.model_dump(mode="json"), "points": SCALING_POINTS,
         "seen_pairs": 300, "cold_pairs": 160, "out": str(RUNS / f"w{world}" / "scaling")}}))
     return path
 
 
-def command(world: int, arm_set: str) -> list[str]:
-    if arm_set == "scaling":
-        return [sys.executable, "-m", "pr_rlhf.cli", "scaling", str(scaling_recipe(world).relative_to(ROOT))]
-    return pgenrm_command(world, arm_set)
+def commands(world: int, arm_set: str) -> list[list[str]]:
+    """The arm set's commands, in order (the scaling grid first trains a fresh PSI where the main one is gone)."""
+    if arm_set != "scaling":
+        return [pgenrm_command(world, arm_set)]
+    first = [] if psi_home(world) == "main" or complete(world, RERUN, "psi") else [pgenrm_command(world, RERUN)]
+    return first + [[sys.executable, "-m", "pr_rlhf.cli", "scaling",
+                     os.path.relpath(scaling_recipe(world), ROOT)]]
 
 
 def queue(only: str | None = None, worlds: list[int] | None = None) -> list[tuple[int, str]]:
@@ -126,12 +162,22 @@ def queue(only: str | None = None, worlds: list[int] | None = None) -> list[tupl
             and (not worlds or w in worlds)]
 
 
+def collected_arms(world: int) -> set[str]:
+    path = RESULTS / f"w{world}" / OUTCOMES_FILE
+    return set(WorldOutcomes.load(path).arms) if path.is_file() else set()
+
+
 def done(world: int, arm_set: str) -> bool:
+    """Finished on disk, or already collected (the run directories may be gone; the collected outcomes stay)."""
     if arm_set == "scaling":
-        return (RUNS / f"w{world}" / "scaling" / "scaling_grid.json").is_file()
+        return any((d / "scaling_grid_pairs.json").is_file()
+                   for d in (RUNS / f"w{world}" / "scaling", RESULTS / f"w{world}"))
+    if set(SET_ARMS[arm_set]) <= collected_arms(world):
+        return True
+    if arm_set == "ablations":
+        return all(complete(world, ablation_arms(world)[arm][0], arm) for arm in SET_ARMS[arm_set])
     name, stages, _ = next(a for a in ARM_SETS if a[0] == arm_set)
-    run_dir = RUNS / f"w{world}" / ("main" if name == "ablations" else name)
-    return all((run_dir / s / "COMPLETE").is_file() for s in stages)
+    return all(complete(world, name, s) for s in stages)
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -140,56 +186,62 @@ def cmd_run(args: argparse.Namespace) -> None:
         if done(world, arm_set):
             print(f"w{world} {arm_set}: done")
             continue
-        cmd = command(world, arm_set)
-        print(f"w{world} {arm_set}: {' '.join(cmd)}", flush=True)
         log = RUNS / f"w{world}" / f"{arm_set}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        start = time.time()
-        with open(log, "a") as f:
-            rc = subprocess.call(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                                 env={**os.environ, "RAY_AUTH_MODE": "disabled"})
-        record = {"world": world, "arm_set": arm_set, "command": " ".join(cmd[1:]), "returncode": rc,
-                  "wall_s": round(time.time() - start, 1), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
-        with open(RESULTS / "runs.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
-        print(f"w{world} {arm_set}: rc {rc}, {record['wall_s'] / 60:.1f} min", flush=True)
-        if rc != 0:
-            sys.exit(f"w{world} {arm_set} failed: see {log}")
+        for cmd in commands(world, arm_set):
+            print(f"w{world} {arm_set}: {' '.join(cmd)}", flush=True)
+            start = time.time()
+            with open(log, "a") as f:
+                rc = subprocess.call(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+            record = {"world": world, "arm_set": arm_set, "command": " ".join(cmd[1:]), "returncode": rc,
+                      "wall_s": round(time.time() - start, 1), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+            with open(RESULTS / "runs.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+            print(f"w{world} {arm_set}: rc {rc}, {record['wall_s'] / 60:.1f} min", flush=True)
+            if rc != 0:
+                sys.exit(f"w{world} {arm_set} failed: see {log}")
         cmd_collect(argparse.Namespace(worlds=[world]))
 
 
 def world_outcomes(world: int) -> WorldOutcomes | None:
-    """Every finished arm of the world as per-pair outcomes (the evaluation set from the contested flags)."""
+    """Every arm of the world as per-pair outcomes: what was collected before, and every arm finished on disk
+    (the evaluation set and its contested flags from the first place that has them)."""
     from pr_rlhf.eval.report import correct_by_pair
     from pr_rlhf.pgenrm.report import stage_predictions
 
     base = RUNS / f"w{world}"
-    main = base / "main"
-    contested_path = main / "contested.json"
-    if not contested_path.is_file():
+    collected = RESULTS / f"w{world}" / OUTCOMES_FILE
+    contested_path = next((d / "contested.json" for d in (RESULTS / f"w{world}", base / "main", base / "filtered",
+                                                          base / RERUN) if (d / "contested.json").is_file()), None)
+    if contested_path is None:
         return None
     contested = json.loads(contested_path.read_text())
     arms: dict[str, tuple] = {}
-    for arm, (run, stage) in ARMS.items():
-        folder = base / run / stage
-        if (folder / "COMPLETE").is_file():
-            result = json.loads((folder / "result.json").read_text())
+    for arm, (run, stage) in {**ARMS, **ablation_arms(world)}.items():
+        if complete(world, run, stage):
+            result = json.loads((base / run / stage / "result.json").read_text())
             arms[arm] = tuple(correct_by_pair(stage_predictions(base / run, stage, g, result[g]["predictions"]))
                               for g in ("seen", "cold"))
-    if not arms:
+    if collected.is_file():
+        out = WorldOutcomes.load(collected)
+    elif arms:
+        users: dict[str, str] = {}
+        groups: dict[str, str] = {}
+        for seen, cold in arms.values():
+            for group, outcomes in (("seen", seen), ("cold", cold)):
+                for p in outcomes:
+                    users[p], groups[p] = outcomes.user(p), group
+        pairs = sorted(users)
+        out = WorldOutcomes(world, pairs, [users[p] for p in pairs], [groups[p] for p in pairs],
+                            [bool(contested.get(p, False)) for p in pairs])
+    else:
         return None
-    users: dict[str, str] = {}
-    groups: dict[str, str] = {}
-    for seen, cold in arms.values():
-        for group, outcomes in (("seen", seen), ("cold", cold)):
-            for p in outcomes:
-                users[p], groups[p] = outcomes.user(p), group
-    pairs = sorted(users)
-    out = WorldOutcomes(world, pairs, [users[p] for p in pairs], [groups[p] for p in pairs],
-                        [bool(contested.get(p, False)) for p in pairs])
     for arm, (seen, cold) in arms.items():
         merged = {**seen, **cold}
-        out.add_arm(arm, merged, {p: users[p] for p in merged})
+        out.add_arm(arm, merged, {p: outcomes.user(p) for outcomes in (seen, cold) for p in outcomes})
+    if "cre_ablation_ref" not in out.arms and ({"cre_no_pr", "cre_no_or"} & set(out.arms)) and "cre" in out.arms:
+        out.arms["cre_ablation_ref"] = list(out.arms["cre"])   # ablations collected from the main set's PSI
     grid = base / "scaling" / "scaling_grid_pairs.json"
     if grid.is_file():   # per-pair outcomes of each (m, n), written by the scaling grid
         for point, rows in json.loads(grid.read_text()).items():
@@ -208,20 +260,21 @@ def cmd_collect(args: argparse.Namespace) -> None:
             continue
         dest = RESULTS / f"w{world}"
         outcomes.save(dest / OUTCOMES_FILE)
-        main = RUNS / f"w{world}" / "main"
+        base = RUNS / f"w{world}"
         for name in ("headroom.json", "references.json", "contested.json", "recipe.yaml"):
-            if (main / name).is_file():
-                shutil.copy2(main / name, dest / name)
-        for arm, (run, stage) in ARMS.items():
-            folder = RUNS / f"w{world}" / run / stage
+            # the main set's, else (where its directory is gone and nothing was collected) another set's
+            src = next((base / r / name for r in ("main", "filtered", RERUN) if (base / r / name).is_file()), None)
+            if src is not None and (src.parent.name == "main" or not (dest / name).is_file()):
+                shutil.copy2(src, dest / name)
+        for arm, (run, stage) in {**ARMS, **ablation_arms(world)}.items():
+            folder = base / run / stage
             if (folder / "COMPLETE").is_file():
                 shutil.copy2(folder / "result.json", dest / f"stage_{arm}.json")
                 if (folder / "history.json").is_file():
                     shutil.copy2(folder / "history.json", dest / f"history_{arm}.json")
-        grid = RUNS / f"w{world}" / "scaling"
         for name in ("scaling_grid.json", "scaling_grid.md", "scaling_grid_pairs.json"):
-            if (grid / name).is_file():
-                shutil.copy2(grid / name, dest / name)
+            if (base / "scaling" / name).is_file():
+                shutil.copy2(base / "scaling" / name, dest / name)
         print(f"w{world}: {sorted(outcomes.arms)} -> {dest}")
 
 
@@ -299,8 +352,9 @@ def cmd_gate(args: argparse.Namespace) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> None:
     for world, arm_set in queue(args.only, args.worlds):
-        print(f"w{world} {arm_set} {'done' if done(world, arm_set) else 'todo'}: "
-              f"{' '.join(command(world, arm_set)[1:])}")
+        status = "done" if done(world, arm_set) else "todo"
+        for cmd in commands(world, arm_set):
+            print(f"w{world} {arm_set} {status}: {' '.join(cmd[1:])}")
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 """The multi-world analysis (pr_rlhf.pgenrm.worlds) and the user-clustered paired gain it and every report use."""
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -87,3 +88,54 @@ def test_moderator_slope_follows_the_worlds():
     worlds = [synthetic_world(w, e) for w, e in ((1, 0.02), (2, 0.06), (3, 0.1), (4, 0.14))]
     m = moderator(worlds, Endpoint("g", "new", "old"), {1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4})
     assert m["worlds"] == 4 and m["slope"] > 0 and m["spearman"] > 0.5
+
+
+def load_study_tool(tmp_path, monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pgenrm_worlds_tool", ROOT / "tools" / "pgenrm_worlds.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    monkeypatch.setattr(tool, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(tool, "RESULTS", tmp_path / "results")
+    return tool
+
+
+def test_the_study_resumes_from_collected_outcomes_when_run_directories_are_gone(tmp_path, monkeypatch):
+    """Run directories do not outlive their machine: a finished arm set counts as done once collected, the
+    collected arms are never dropped, and the ablations and scaling grid start from a fresh PSI where the main
+    set's is gone (the ablations then compared with that PSI's own CRE)."""
+    tool = load_study_tool(tmp_path, monkeypatch)
+    w = synthetic_world(2, 0.1)
+    for arm in ("psi", "cre", "curriculum", "control"):
+        w.arms[arm] = list(w.arms["new"])
+    w.save(tool.RESULTS / "w2" / tool.OUTCOMES_FILE)
+    (tool.RESULTS / "w2" / "contested.json").write_text("{}")
+    assert tool.done(2, "main") and not tool.done(2, "filtered") and not tool.done(2, "ablations")
+    again = tool.world_outcomes(2)
+    assert again.arms == w.arms and again.pairs == w.pairs     # nothing on disk: the collected outcomes as they were
+
+    assert tool.psi_home(2) == tool.RERUN
+    cmd = tool.pgenrm_command(2, "ablations")
+    assert cmd[cmd.index("--out") + 1].endswith("w2/rerun")
+    assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--stage"] == ["psi", "cre", "cre_no_pr", "cre_no_or"]
+    assert tool.ablation_arms(2)["cre_ablation_ref"] == (tool.RERUN, "cre")
+    scaling = tool.commands(2, "scaling")
+    assert len(scaling) == 2 and "w2/rerun" in " ".join(scaling[0]) and scaling[1][-1].endswith("scaling.yaml")
+
+    # the main set's PSI still on disk: the ablations run in its directory, as pre-registered
+    for stage in ("psi", "cre_no_pr"):
+        (tool.RUNS / "w2" / "main" / stage).mkdir(parents=True)
+        (tool.RUNS / "w2" / "main" / stage / "COMPLETE").touch()
+    cmd = tool.pgenrm_command(2, "ablations")
+    assert cmd[cmd.index("--out") + 1].endswith("w2/main")
+    assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--stage"] == ["cre_no_pr", "cre_no_or"]
+    assert len(tool.commands(2, "scaling")) == 1
+    assert tool.ablation_arms(2)["cre_ablation_ref"] == ("main", "cre")
+    # ablations collected from the main set's PSI (its directory gone since) are compared with the main set's CRE
+    shutil.rmtree(tool.RUNS)
+    for arm in ("cre_no_pr", "cre_no_or"):
+        w.arms[arm] = list(w.arms["old"])
+    w.save(tool.RESULTS / "w2" / tool.OUTCOMES_FILE)
+    assert tool.done(2, "ablations")
+    assert tool.world_outcomes(2).arms["cre_ablation_ref"] == w.arms["cre"]
