@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pr_rlhf.pgenrm.worlds import OUTCOMES_FILE, Endpoint, WorldOutcomes, analyse, markdown, moderator  # noqa: E402
+from pr_rlhf.pgenrm.worlds import OUTCOMES_FILE, Endpoint, WorldOutcomes, analyse, forest_plot, markdown, moderator  # noqa: E402
 
 RECIPE = "recipes/pgenrm_pipeline.yaml"
 RUNS_REL = Path("runs") / "pgenrm_worlds"   # the commands run from the repository root
@@ -306,6 +306,7 @@ def cmd_analyse(args: argparse.Namespace) -> None:
         text += "\n" + markdown(result["development_world"], [DEVELOPMENT_WORLD],
                                 f"Development world {DEVELOPMENT_WORLD} (chose the setting; reported apart)")
     (RESULTS / "analysis.md").write_text(text)
+    forest_plot(result["endpoints"], [w.world for w in worlds], RESULTS / "forest.png")
     print(text)
 
 

@@ -208,3 +208,45 @@ def markdown(analysis: Mapping[str, Any], world_order: Sequence[int], title: str
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {fmt_gain(p.get('fixed'))} | "
                      f"{fmt_gain(p.get('random'))} | {i2} |")
     return "\n".join(lines) + "\n"
+
+
+def forest_plot(analysis: Mapping[str, Any], world_order: Sequence[int], path: str | Path) -> Path | None:
+    """A forest plot of every measured endpoint: each world's difference with its CI, then the fixed-effect pool
+    (filled diamond) and the random-effects pool (open diamond), in points; None when nothing is measured."""
+    from pr_rlhf.report_files import new_figure, save_figure
+
+    measured = [(name, row) for name, row in analysis.items() if row["worlds"]]
+    if not measured:
+        return None
+
+    def points_err(g: Mapping[str, float]) -> list[list[float]]:
+        return [[100 * (g["gain"] - g["ci_low"])], [100 * (g["ci_high"] - g["gain"])]]
+
+    figure = new_figure(figsize=(7.5, 0.95 * len(measured) + 1.2))
+    ax = figure.subplots()
+    colours = {w: f"C{i}" for i, w in enumerate(world_order)}
+    labels, y, legend = [], 0.0, set()
+
+    def once(label: str) -> str | None:   # each legend entry once
+        return None if label in legend or legend.add(label) else label
+
+    for name, row in measured:
+        for r in row["worlds"]:
+            ax.errorbar(100 * r["gain"], y, xerr=points_err(r), fmt="o", ms=3, lw=1,
+                        color=colours.get(r["world"], "grey"), label=once(f"world {r['world']}"))
+            y += 0.16
+        for kind, marker, label in (("fixed", "D", "pooled, fixed effect"), ("random", "d", "random effects")):
+            g = row["pooled"].get(kind)
+            if g:
+                ax.errorbar(100 * g["gain"], y, xerr=points_err(g), fmt=marker, ms=6, lw=2, color="black",
+                            mfc="black" if kind == "fixed" else "white", label=once(label))
+                y += 0.16
+        labels.append((y - 0.16 * (len(row["worlds"]) + 2) / 2, name))
+        y += 0.45
+    ax.axvline(0.0, color="grey", lw=0.8)
+    ax.set_yticks([p for p, _ in labels], [n for _, n in labels], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("paired difference, points (95% CI resampling users)")
+    ax.legend(fontsize=7, loc="lower left")
+    figure.tight_layout()
+    return save_figure(path, figure)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pr_rlhf.eval.report import PairOutcomes, paired_gain
-from pr_rlhf.pgenrm.worlds import Endpoint, WorldOutcomes, analyse, moderator, pool, world_difference
+from pr_rlhf.pgenrm.worlds import Endpoint, WorldOutcomes, analyse, forest_plot, moderator, pool, world_difference
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,6 +82,9 @@ def test_pooled_fixed_effect_is_the_inverse_variance_mean_with_a_stratified_ci(t
     result = analyse(worlds + [WorldOutcomes(9, ["x"], ["u"], ["seen"], [False])], [ep], n_bootstrap=200)
     assert [r["world"] for r in result["new - old"]["worlds"]] == [1, 2, 3, 4]
     json.dumps(result)   # JSON-ready (no arrays left)
+    png = forest_plot(result, [1, 2, 3, 4, 9], tmp_path / "forest.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert forest_plot({}, [1], tmp_path / "none.png") is None
 
 
 def test_moderator_slope_follows_the_worlds():
