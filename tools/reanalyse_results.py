@@ -305,12 +305,15 @@ def reanalyse_bon() -> None:
         pools = []
         for pid, samples in by_prompt.items():
             kept = [s for s in samples if s["quality"] is not None]
-            pools.append(scored_pool(pid, kept[0]["subset"], kept[0]["user_id"], [s[f"score/{rm}"] for s in kept],
-                                     [s["quality"] for s in kept]))
+            if kept:   # as the sweep: a prompt whose samples the downstream judge never scored is left out
+                pools.append(scored_pool(pid, kept[0]["subset"], kept[0]["user_id"],
+                                         [s[f"score/{rm}"] for s in kept], [s["quality"] for s in kept]))
         points = {(p.subset, p.k): p for p in curve(pools, seed=0)}
         for old in report["curves"][rm]:
             new = points[(old["subset"], old["k"])]
-            assert abs(new.mean - old["mean"]) < 1e-9 and abs(new.ci_low - old["ci_low"]) < 1e-9, (rm, old)
+            if abs(new.mean - old["mean"]) > 1e-9 or abs(new.ci_low - old["ci_low"]) > 1e-9:
+                sys.exit(f"bon: {rm} at {old['subset']}, k={old['k']}: recomputed {new.mean}, {new.ci_low} vs "
+                         f"bon.json {old['mean']}, {old['ci_low']}")
     doc = {"prompts": len(by_prompt), "users": len({r["user_id"] for r in rows}), "samples": len(rows),
            "reward_models": rms, "ci_unit": "user", "curves_recomputed_equal_bon_json": True}
     (dest / "reanalysis.json").write_text(json.dumps(doc, indent=1) + "\n")

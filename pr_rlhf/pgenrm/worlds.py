@@ -228,7 +228,10 @@ def forest_plot(analysis: Mapping[str, Any], world_order: Sequence[int], path: s
     labels, y, legend = [], 0.0, set()
 
     def once(label: str) -> str | None:   # each legend entry once
-        return None if label in legend or legend.add(label) else label
+        if label in legend:
+            return None
+        legend.add(label)
+        return label
 
     for name, row in measured:
         for r in row["worlds"]:
