@@ -73,6 +73,10 @@ case "$cmd" in
     done
     pids=$(cluster_pids)
     [ -n "$pids" ] && kill -KILL $pids 2>/dev/null || true
+    for _ in $(seq 1 40); do   # a killed process takes a moment to exit (longer on a loaded machine)
+      [ -z "$(cluster_pids)" ] && break
+      sleep 0.25
+    done
     rm -f "$temp_dir/ray_current_cluster" "$temp_dir/node.sid"
     ;;
   *) echo "usage: local_head.sh start|stop TEMP_DIR [--worker]" >&2; exit 2 ;;

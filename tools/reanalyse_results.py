@@ -268,14 +268,14 @@ def bon_samples(run: Path) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from workers.bon import DOWNSTREAM, _parts
+    from workers.bon import DOWNSTREAM, read_parts
 
     # the sweep's own order (parts in order, stably by sample), so the curves' bootstrap sees the same sequence
-    rows = sorted(_parts(run / "pool"), key=lambda r: int(r["sample"]))
+    rows = sorted(read_parts(run / "pool"), key=lambda r: int(r["sample"]))
     keep = ("prompt_id", "user_id", "subset", "question", "sample", "text")
     out = [{k: r.get(k) for k in keep} for r in rows]
     for folder in sorted((run / "scores").iterdir()):
-        scores = {(r["prompt_id"], int(r["sample"])): r["score"] for r in _parts(folder)}
+        scores = {(r["prompt_id"], int(r["sample"])): r["score"] for r in read_parts(folder)}
         column = "quality" if folder.name == DOWNSTREAM else f"score/{folder.name}"
         for r, o in zip(rows, out):
             o[column] = scores.get((r["prompt_id"], int(r["sample"])))

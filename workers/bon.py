@@ -59,7 +59,8 @@ def load_bon_prompts(cfg: BoNConfig, seed: int) -> list[tuple[PromptItem, dict]]
     return out
 
 
-def _parts(folder: Path) -> list[dict]:
+def read_parts(folder: Path) -> list[dict]:
+    """Every row of the ``part-*.parquet`` files in ``folder``, in part order (a pool's samples or its scores)."""
     import pyarrow.parquet as pq
 
     rows: list[dict] = []
@@ -91,7 +92,7 @@ class BoNSweep:
         from workers.rollout import spawn_rollout_worker
 
         folder = self.out / "pool"
-        rows = _parts(folder)
+        rows = read_parts(folder)
         done = {r["prompt_id"] for r in rows}
         todo = [p for p in prompts if p[0].prompt_id not in done]
         self.log(f"pool: {len(done)} prompts on disk, {len(todo)} to generate (n={self.cfg.n})")
@@ -133,7 +134,7 @@ class BoNSweep:
         from workers.reward import RewardPool
 
         folder = self.out / "scores" / name
-        rows = _parts(folder)
+        rows = read_parts(folder)
         done = {r["prompt_id"] for r in rows}
         by_prompt: dict[str, list[dict]] = {}
         for r in pool:
