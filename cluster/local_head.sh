@@ -65,17 +65,16 @@ case "$cmd" in
     fi
     ;;
   stop)
-    pids=$(cluster_pids)
-    [ -n "$pids" ] && kill -TERM $pids 2>/dev/null || true
-    for _ in $(seq 1 10); do   # 5 s of grace: the GCS and raylet ignore TERM longer than that
-      [ -z "$(cluster_pids)" ] && break
-      sleep 0.5
-    done
-    pids=$(cluster_pids)
-    [ -n "$pids" ] && kill -KILL $pids 2>/dev/null || true
-    for _ in $(seq 1 40); do   # a killed process takes a moment to exit (longer on a loaded machine)
-      [ -z "$(cluster_pids)" ] && break
-      sleep 0.25
+    # 5 s of grace after TERM (the GCS and raylet may ignore it longer), then KILL and up to 10 s for the killed
+    # processes to exit (a moment, longer on a loaded machine)
+    for signal_and_wait in "TERM 5" "KILL 10"; do
+      read -r sig wait_s <<<"$signal_and_wait"
+      pids=$(cluster_pids)
+      [ -n "$pids" ] && kill -"$sig" $pids 2>/dev/null || true
+      for _ in $(seq 1 $((wait_s * 4))); do
+        [ -z "$(cluster_pids)" ] && break
+        sleep 0.25
+      done
     done
     rm -f "$temp_dir/ray_current_cluster" "$temp_dir/node.sid"
     ;;
