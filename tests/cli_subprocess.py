@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.ray_logs import crash_report, driver_temp_dir
+from workers.ray_utils import DEFAULT_TEMP_ROOT
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,4 +42,17 @@ def run_cli(args: list[str], *, hang_timeout_s: float, cwd: Path = ROOT,
                              f"{out[-3000:]}\n{err[-3000:]}") from None
     finally:
         kill_session(proc.pid)
+    if proc.returncode != 0:
+        err += ray_crash_report(proc.pid)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def ray_crash_report(pid: int) -> str:
+    """Why the local Ray that the failed command ``pid`` started died, from its logs, and that temp dir removed:
+    a command whose raylet dies exits at once (code 1, one line, no traceback) and leaves the dir behind."""
+    temp_dir = driver_temp_dir(DEFAULT_TEMP_ROOT, pid)
+    if temp_dir is None:
+        return ""
+    report = crash_report(temp_dir)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+    return f"\n--- the command's Ray session logs ({temp_dir.name}):\n{report}\n"

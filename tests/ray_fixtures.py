@@ -12,29 +12,13 @@ shutdown runs once, at the end of the session. 4 logical CPUs, so that several 0
 machine.
 """
 import warnings
-from pathlib import Path
 
 import pytest
 
+from tests.ray_logs import worker_crashes
 from workers.ray_utils import init_local_ray, shutdown_local_ray
 
 RAY_TEST_CPUS = 4
-FATAL = "Fatal Python error"
-
-
-def worker_crashes(temp_dir: str | Path) -> list[str]:
-    """Every fatal-signal report in the Ray session's worker logs: faulthandler's first line and the Python stack
-    under it (the list of extension modules after it left out). A test sees only "the actor died unexpectedly";
-    the stack is in the worker's log, which the session's end removes with the temp dir."""
-    reports = []
-    for log in sorted(Path(temp_dir).glob("session_latest/logs/*.err")):
-        text = log.read_text(errors="replace")
-        at = text.find(FATAL)
-        while at >= 0:
-            block = text[at:].split("\n\n", 2)   # the error line, the stack, then the module list
-            reports.append(f"{log.name}: " + "\n".join(block[:2]))
-            at = text.find(FATAL, at + len(FATAL))
-    return reports
 
 
 @pytest.fixture(scope="session")
