@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from tests.ray_logs import crash_report, driver_temp_dir
-from workers.ray_utils import DEFAULT_TEMP_ROOT
+from workers.ray_utils import private_temp_root
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def run_cli(args: list[str], *, hang_timeout_s: float, cwd: Path = ROOT,
 def ray_crash_report(pid: int) -> str:
     """Why the local Ray that the failed command ``pid`` started died, from its logs, and that temp dir removed:
     a command whose raylet dies exits at once (code 1, one line, no traceback) and leaves the dir behind."""
-    temp_dir = driver_temp_dir(DEFAULT_TEMP_ROOT, pid)
+    temp_dir = driver_temp_dir(private_temp_root(), pid)
     if temp_dir is None:
         return ""
     report = crash_report(temp_dir)

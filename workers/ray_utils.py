@@ -104,11 +104,18 @@ def _private_temp_dir(temp_dir: str | os.PathLike | None) -> tuple[str, bool]:
         path = Path(temp_dir).resolve()
         path.mkdir(parents=True, exist_ok=True)
         return str(path), False
-    DEFAULT_TEMP_ROOT.mkdir(parents=True, exist_ok=True)
-    root = str(DEFAULT_TEMP_ROOT)
-    if len(root) + len("/ray-xxxxxxxx") > MAX_TEMP_DIR_CHARS:  # a deep checkout: socket paths would not fit
-        root = os.environ.get("TMPDIR") or "/tmp"
+    root = private_temp_root()
+    Path(root).mkdir(parents=True, exist_ok=True)
     return tempfile.mkdtemp(prefix="ray-", dir=root), True
+
+
+def private_temp_root() -> str:
+    """Where :func:`init_local_ray` makes its private temp dirs: the repository's ``.ray_tmp``, or ``$TMPDIR`` for a
+    checkout too deep for Ray's socket paths."""
+    root = str(DEFAULT_TEMP_ROOT)
+    if len(root) + len("/ray-xxxxxxxx") > MAX_TEMP_DIR_CHARS:
+        return os.environ.get("TMPDIR") or "/tmp"
+    return root
 
 
 def init_local_ray(num_cpus: float | None = None, temp_dir: str | os.PathLike | None = None, *,

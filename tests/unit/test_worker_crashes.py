@@ -38,3 +38,13 @@ def test_a_crashed_drivers_session_is_found_by_its_pid_and_its_daemons_tails_rep
     assert "state-dump" not in report
     assert "worker-1-ffff-42.err: Fatal Python error: Segmentation fault" in report
     assert crash_report(tmp_path / "nothing") == "(the session's logs say nothing)"
+
+
+def test_a_crashed_commands_session_is_looked_for_where_ray_was_started(monkeypatch, tmp_path):
+    from workers import ray_utils
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(ray_utils, "DEFAULT_TEMP_ROOT", ray_utils.Path("/r/.ray_tmp"))
+    assert ray_utils.private_temp_root() == "/r/.ray_tmp"
+    monkeypatch.setattr(ray_utils, "DEFAULT_TEMP_ROOT", tmp_path / ("deep" * 30))   # socket paths would not fit
+    assert ray_utils.private_temp_root() == str(tmp_path)
