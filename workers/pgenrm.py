@@ -10,6 +10,7 @@ reports on held-out pairs of seen users and of cold-start users, run as Ray task
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -36,7 +37,15 @@ from pr_rlhf.threads import capped_threads, set_torch_threads
 from pr_rlhf.tracking import make_tracker
 from pr_rlhf.world.generator import World, build_world
 from pr_rlhf.world.reference import WorldPrior
-from workers.rl_loop import read_checkpoint, rl_step, sft_steps, sync_weights, write_checkpoint
+from workers.rl_loop import (
+    checkpoint_step,
+    complete_checkpoints,
+    read_checkpoint,
+    rl_step,
+    sft_steps,
+    sync_weights,
+    write_checkpoint,
+)
 
 RESULT = "result.json"
 HEADROOM = "headroom.json"
@@ -149,6 +158,15 @@ def hardness_accuracy(predictions: str, kinds: dict[str, set[str]], seed: int = 
             low, high = mean_ci(values, seed=seed, clusters=[correct.user(p) for p in pairs])
             out[kind] = {"accuracy": float(values.mean()), "ci_low": low, "ci_high": high, "n": int(values.size)}
     return out
+
+
+def step_kl(metrics: dict) -> float:
+    """A GRPO step's KL per token to the starting model (a loss term, or the reward's penalty)."""
+    return metrics.get("actor/kl_loss", metrics.get("train/kl", 0.0))
+
+
+def step_parse_rate(metrics: dict) -> float:
+    return metrics.get("reward/parse_rate", 1.0)
 
 
 class PGenRMPipeline:
@@ -441,14 +459,15 @@ class PGenRMPipeline:
         return int(found[1]["step"]), found[1]["history"]
 
     def _record(self, stage: str, sdir: Path, learner: Any, tracker: Any, step: int, steps: int, every: int,
-                metrics: dict, history: list) -> None:
-        """After ``step`` (0-based): keep and log the metrics, report progress, checkpoint every ``every`` steps."""
+                metrics: dict, history: list, keep: int = 1) -> None:
+        """After ``step`` (0-based): keep and log the metrics, report progress, checkpoint every ``every`` steps
+        (the newest ``keep`` checkpoints stay)."""
         history.append(metrics)
         tracker.log_metrics(metrics, step=step + 1)
         self.on_step(stage, step + 1, steps, metrics)
         if (step + 1) % every == 0 and step + 1 < steps:
             write_checkpoint(sdir / "checkpoints", learner, step + 1, step + 1,
-                             {"step": step + 1, "history": history}, keep=1)
+                             {"step": step + 1, "history": history}, keep=keep)
 
     def _finish(self, learner: Any, start: str, sdir: Path) -> str:
         """The trained model as ``sdir/model``, an HF directory with ``start``'s tokenizer: streamed by the learner
@@ -598,13 +617,36 @@ class PGenRMPipeline:
         recent = history[-scfg.stop_patience:]
         if len(recent) < scfg.stop_patience:
             return None
-        kl = [m.get("actor/kl_loss", m.get("train/kl", 0.0)) for m in recent]
+        kl = [step_kl(m) for m in recent]
         if scfg.stop_kl is not None and min(kl) > scfg.stop_kl:
             return f"KL per token {kl[-1]:.4f} > {scfg.stop_kl} for {scfg.stop_patience} steps"
-        rate = [m.get("reward/parse_rate", 1.0) for m in recent]
+        rate = [step_parse_rate(m) for m in recent]
         if scfg.stop_parse_rate is not None and max(rate) < scfg.stop_parse_rate:
             return f"parse rate {rate[-1]:.3f} < {scfg.stop_parse_rate} for {scfg.stop_patience} steps"
         return None
+
+    @staticmethod
+    def rollback_step(history: list[dict], kept: list[int], scfg: GRPOStageConfig) -> int:
+        """``on_stop: rollback``: the newest kept checkpoint step whose weights passed both limits when the next step
+        measured them (``history[n]`` is the step that starts from checkpoint ``n``'s weights), else 0 (the stage's
+        starting model)."""
+        def passed(m: dict) -> bool:
+            return ((scfg.stop_kl is None or step_kl(m) <= scfg.stop_kl) and
+                    (scfg.stop_parse_rate is None or step_parse_rate(m) >= scfg.stop_parse_rate))
+        return max((n for n in kept if n < len(history) and passed(history[n])), default=0)
+
+    def _roll_back(self, learner: Any, start: str, sdir: Path, history: list[dict], scfg: GRPOStageConfig) -> str:
+        """The stopped stage's model from the checkpoint :meth:`rollback_step` picks (or a copy of ``start``)."""
+        kept = {checkpoint_step(p): p for p in complete_checkpoints(sdir / "checkpoints")}
+        back = self.rollback_step(history, list(kept), scfg)
+        history[-1]["rolled_back_to"] = back
+        self.on_event(f"rolled back to {kept[back] if back else start}")
+        if back:
+            learner.load_checkpoint(kept[back] / "learner")
+            return self._finish(learner, start, sdir)
+        with atomic_dir(sdir / "model") as tmp:
+            shutil.copytree(start, tmp, dirs_exist_ok=True)
+        return str(sdir / "model")
 
     def _grpo(self, stage: str, start: str, sdir: Path, tracker: Any) -> tuple[str, list]:
         import ray
@@ -655,11 +697,13 @@ class PGenRMPipeline:
                     float(np.mean(hard)),
                 })
                 self._record(stage, sdir, learner, tracker, step, scfg.steps, scfg.checkpoint_every, metrics,
-                             history)
+                             history, keep=scfg.checkpoints_kept)
                 reason = self.stop_reason(history, scfg)
                 if reason:
                     history[-1]["stopped"] = f"after step {step + 1}: {reason}"
                     self.on_event(f"{stage}: stopped {history[-1]['stopped']}")
+                    if scfg.on_stop == "rollback":
+                        return self._roll_back(learner, start, sdir, history, scfg), history
                     break
             return self._finish(learner, start, sdir), history
         finally:

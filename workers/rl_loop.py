@@ -263,9 +263,14 @@ def sft_steps(learner: Any, batch: Callable[[int], Sequence[SFTExample]], lr_at:
 # Checkpoints
 # ---------------------------------------------------------------------------------------------------------------
 
+def checkpoint_step(path: Path) -> int:
+    """The step of a ``step_N`` checkpoint folder."""
+    return int(path.name.split("_")[1])
+
+
 def complete_checkpoints(root: Path) -> list[Path]:
     """The complete ``step_*`` checkpoint folders under ``root``, oldest first."""
-    return sorted((p for p in root.glob("step_*") if is_complete(p)), key=lambda p: int(p.name.split("_")[1]))
+    return sorted((p for p in root.glob("step_*") if is_complete(p)), key=checkpoint_step)
 
 
 def write_checkpoint(root: Path, learner: Any, step: int, data_position: Any, state: dict, keep: int) -> Path:

@@ -127,7 +127,20 @@ class GRPOStageConfig(StrictModel):
     stop_parse_rate: float | None = Field(None, ge=0, le=1, description="stop when the parse rate falls below "
                                                                         "this for `stop_patience` steps")
     stop_patience: int = Field(2, ge=1)
+    on_stop: Literal["keep_last", "rollback"] = Field(
+        "keep_last", description="what a stage stopped by `stop_kl` / `stop_parse_rate` exports: its last weights, "
+                                 "or 'rollback': the newest checkpoint whose weights passed both limits on the step "
+                                 "after it (the starting model if none did); keeps the checkpoints that span the "
+                                 "stop window")
     checkpoint_every: int = Field(20, ge=1)
+
+    @property
+    def checkpoints_kept(self) -> int:
+        """Checkpoints a stage keeps: the newest (to resume), and with ``rollback`` enough to reach back past the
+        ``stop_patience`` steps that tripped a limit and the step that measured the weights before them."""
+        if self.on_stop == "keep_last":
+            return 1
+        return -(-(self.stop_patience + 1) // self.checkpoint_every) + 1
 
     @model_validator(mode="after")
     def _check(self) -> GRPOStageConfig:
@@ -135,6 +148,8 @@ class GRPOStageConfig(StrictModel):
             raise ValueError("set both hard_share_start and hard_share_end (a curriculum), or neither")
         if self.alpha == 0 and self.beta == 0:
             raise ValueError("alpha and beta are both 0: every chain would get the same reward")
+        if self.on_stop == "rollback" and self.stop_kl is None and self.stop_parse_rate is None:
+            raise ValueError("on_stop: rollback without stop_kl or stop_parse_rate: nothing would stop the stage")
         if self.both_orders and self.group_size % 2:
             raise ValueError(f"both_orders splits each group in two halves: group_size {self.group_size} is odd")
         return self

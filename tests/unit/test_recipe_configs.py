@@ -43,7 +43,8 @@ REMOVED_FIELDS = {(LearnerConfig, "zero_stage")}
 # re-dumped into the baseline when they changed.
 ADDED_PGENRM_FIELDS = {"teacher": "votes", "label_filter": True, "hard_kind": "one_attribute", "both_orders": False,
                        "refill_rounds": 0, "min_history": 0, "stop_kl": None, "stop_parse_rate": None,
-                       "stop_patience": 2, "control": None, "placement": "persona", "certainty_weighting": False,
+                       "stop_patience": 2, "on_stop": "keep_last", "control": None, "placement": "persona",
+                       "certainty_weighting": False,
                        # real data (psi.source teacher): unused by the world's pipeline
                        "source": "world", "samples_per_pair": 4, "teacher_temperature": 0.8,
                        "teacher_max_tokens": 768, "cache": None, "process_reward": "exact", "pr_judge": None,
