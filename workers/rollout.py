@@ -41,8 +41,9 @@ class RolloutWorker:
 
             set_torch_threads(int(env["OMP_NUM_THREADS"]))
         if cfg.backend == "vllm" and not cfg.device.startswith("cuda"):
-            # In-place reload needs the engine in this process (vLLM's default spawns an engine-core process).
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            # In-place reload needs the engine in this process (vLLM's default spawns an engine-core process),
+            # unless the caller's env says otherwise.
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.cfg = cfg
         self.engine = make_engine(cfg)
         self.weights_version = 0

@@ -18,6 +18,8 @@ from workers.rollout import spawn_rollout_worker
 ray = need("ray")
 torch = need("torch")
 
+# vLLM's default runtime: the engine core in a process of its own, as on every GPU (msgpack between the two)
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "TORCH_COMPILE_DISABLE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
 PROMPTS = ["Hello world, tell me about cats.", [{"role": "user", "content": "What should I cook tonight?"}], "A"]
 GREEDY = SamplingParams(max_tokens=6, logprobs=True)   # the trained answer's length (below)
 
@@ -50,11 +52,11 @@ def test_broadcast_sync_gives_the_engines_the_learners_weights_without_the_drive
     rollouts = [
         hf_actor("tiny"),
         spawn_rollout_worker(engine_config(backend="vllm", model="tiny", dtype="float32", max_model_len=512),
-                             num_cpus=0.25, env={"VLLM_CPU_KVCACHE_SPACE": "1", "TORCH_COMPILE_DISABLE": "1"}),
+                             num_cpus=0.25, env=VLLM_ENV),
         # tensor parallel 2: two vLLM worker processes, each a receiver of the group taking the full tensors
         spawn_rollout_worker(engine_config(backend="vllm", model="tiny", dtype="float32", max_model_len=512,
                                            tensor_parallel_size=2),
-                             num_cpus=0.25, env={"VLLM_CPU_KVCACHE_SPACE": "1", "TORCH_COMPILE_DISABLE": "1"}),
+                             num_cpus=0.25, env=VLLM_ENV),
     ]
     learner = LearnerGroup({"model": "tiny", "world_size": 2, "strategy": "fsdp2", "device": "cpu",
                             "num_cpus_per_worker": 0.25, "lr": 3e-3, "weight_sync_bucket_mb": 1})
