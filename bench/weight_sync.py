@@ -1,7 +1,7 @@
-"""Benchmark of the weight sync learner -> rollout engine: the weight-update group's bucketed broadcast (ours,
-``LearnerGroup.push_weights``) vs the earlier path, which only this benchmark still runs (rank 0's full state dict
-through the driver and Ray's object store, ``ray.put`` + ``RolloutWorker.load_weights``), on the same learner and
-engine, in one run.
+"""Benchmark of the weight sync learner -> rollout engine: the bucketed gloo transfer through vLLM's
+weight-transfer protocol (ours, ``LearnerGroup.push_weights``) vs the earlier path, which only this benchmark still
+runs (rank 0's full state dict through the driver and Ray's object store, ``ray.put`` +
+``RolloutWorker.load_weights``), on the same learner and engine, in one run.
 
 Setup: a Qwen2 of Qwen2.5-0.5B's shape (random init, float32, built from its config: 494M parameters; ``--quick``:
 a ~25M one), a 2-rank FSDP2 learner (gloo) and one HF rollout engine, all on a private local Ray. After one
@@ -53,8 +53,7 @@ def measure(args: argparse.Namespace) -> Result:
         learner = LearnerGroup({"model": model, "world_size": 2, "strategy": "fsdp2", "device": "cpu",
                                 "num_cpus_per_worker": 0.5})
         ray.get(rollout.ready.remote())
-        params = sum(s.numel for b in ray.get(learner.workers[0].weight_plan.remote("float32", 1 << 30))
-                     for s in b.tensors)
+        params = sum(d["local_trained_params"] for d in learner.describe())   # the ranks' shards add up
         seconds: dict[str, list[float]] = {"broadcast": [], "object_store": []}
         peaks: dict[str, float] = {}
         version = 0

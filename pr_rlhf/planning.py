@@ -18,14 +18,19 @@ GiB = 2^30 bytes, as nvidia-smi and Kubernetes' ``Gi`` count; ``--gpu-mem-gb 80`
 
 - learner rank (FSDP2), GPU = ``16 P / W`` (fp32 master 4 + fp32 gradient 4 + AdamW's two moments 8 per
   parameter, sharded) + reference ``b P / W`` when it is built (KL coefficient > 0) + critic ``16 P_critic / W``
-  when enabled + the unsharded unit FSDP2 all-gathers for compute and the next one it prefetches
-  ``2 x max(layer, embedding) x b`` (strategy ``none``: autocast's cached ``b P`` copy instead) + activations +
+  when enabled + what FSDP2 holds unsharded: the root group (embeddings, an untied lm_head, the final norm: FSDP2
+  keeps the root unsharded from forward to backward) and two layers (the one computing, the next prefetched),
+  ``(root + 2 layer) x b`` (strategy ``none``: autocast's cached ``b P`` copy instead) + the gradient reduce of the
+  largest unit, its unsharded gradient in the compute dtype plus, in 16-bit, the fp32 copy the reduce-scatter takes
+  (``reduce_dtype`` float32): ``max(root, layer) x (b + 4)`` + activations +
   :data:`CUDA_RESERVE_GIB`. Activations for ``t = micro_batch x sequence length`` tokens: with gradient
   checkpointing each layer keeps its input, ``t x hidden x b x layers``, plus one layer recomputed in full,
   ``t x (10 hidden + 4 intermediate) x b`` (norm/attention inputs and outputs, q/k/v, and the gated MLP's gate, up,
   product and down input; flash/sdpa attention keeps no ``t^2`` scores); without it that full layer times the
-  layers. Logits are kept for response tokens only (``logits_to_keep``): ``micro_batch x (response + 1) x vocab x
-  (b + 8)`` (the compute-dtype logits, their fp32 copy and its gradient). A reward model has no logits.
+  layers. Logits: the response tokens' in fp32 and their gradient, ``micro_batch x (response + 1) x vocab x 8``,
+  plus what the model returns in the compute dtype: the response's only (``logits_to_keep``), ``micro_batch x
+  (response + 1) x vocab x b``, or, with ``shared_prefix`` packing a group's prompt once, every packed position's,
+  at most ``t x vocab x b``. A reward model has no logits.
 - learner host = :data:`PROCESS_HOST_GIB` + one weight-sync bucket (``weight_sync_bucket_mb``): only rank 0 loads
   the weights and FSDP2 broadcasts the shards (meta device elsewhere; ``load_weights_on: rank0``), so rank 0 alone
   briefly holds a full fp32 copy (its load dtype: the master weights), ``4 P``, one model after the other
@@ -449,17 +454,29 @@ class _Builder:
         policy = 16 * p / w
         ref = b * arch.params() / w if reference else 0.0
         critic = 16 * arch.params("score") / w if cfg.critic.enabled else 0.0
+        root = p - arch.layers * arch.layer_params   # embeddings, lm_head (untied) or score head, final norm
         if cfg.strategy == "fsdp2":
-            unshard = 2 * max(arch.layer_params, arch.embed_params) * b
+            # the root group stays unsharded from forward to backward (FSDP2 does not reshard the root after its
+            # forward); one layer computing and the next prefetched
+            unshard = (root + 2 * arch.layer_params) * b
+            # a unit's unsharded gradient in the compute dtype and, in 16-bit, its fp32 copy for the reduce-scatter
+            # (reduce_dtype float32); the root's is the largest
+            reduce = max(root, arch.layer_params) * (b + (4 if b < 4 else 0))
         else:
             unshard = p * b if b < 4 else 0.0
+            reduce = 0.0
         seqs = cfg.micro_batch_size * (2 if rm else 1)        # a reward model's micro-batch counts pairs
         t = seqs * seq_len
         layer_act = t * (10 * arch.hidden + 4 * arch.intermediate) * b
         act = (t * arch.hidden * b * arch.layers + layer_act) if cfg.gradient_checkpointing else layer_act * arch.layers
-        logits = 0.0 if rm else seqs * (response_len + 1) * arch.vocab * (b + 8)
+        # the response tokens' logits in fp32 and their gradient; packed (shared_prefix) the model returns every
+        # position's logits in the compute dtype (at most t), else only the response's (logits_to_keep)
+        response_logits = seqs * (response_len + 1) * arch.vocab
+        packed = cfg.shared_prefix and not rm
+        returned = t * arch.vocab if packed else response_logits
+        logits = 0.0 if rm else response_logits * 8 + returned * b
         reserve = CUDA_RESERVE_GIB * GIB if on_gpu else 0.0
-        gpu = policy + ref + critic + unshard + act + logits + reserve
+        gpu = policy + ref + critic + unshard + reduce + act + logits + reserve
         # rank 0's full copy at load, one model after the other: the policy (or RM) and the critic in fp32 (their
         # master weights), the reference in the compute dtype
         load = max(4 * p, 4 * arch.params("score") if cfg.critic.enabled else 0, b * arch.params() if reference else 0)
@@ -478,10 +495,12 @@ class _Builder:
             parts.append(f"reference {_gib(ref)}")
         if critic:
             parts.append(f"critic {_gib(critic)}")
-        parts += [f"unshard {_gib(unshard)}", f"activations {_gib(act)} ({seqs} x {seq_len} tokens"
+        parts += [f"unshard {_gib(unshard)}", f"gradient reduce {_gib(reduce)}",
+                  f"activations {_gib(act)} ({seqs} x {seq_len} tokens"
                   f"{', checkpointed' if cfg.gradient_checkpointing else ''})"]
         if logits:
-            parts.append(f"logits {_gib(logits)} ({seqs} x {response_len + 1} x {arch.vocab})")
+            parts.append(f"logits {_gib(logits)} ({seqs} x {response_len + 1} x {arch.vocab}"
+                         f"{f', packed: {t} positions' if packed else ''})")
         parts.append(f"reserve {_gib(reserve)} = {_gib(gpu)} GiB per GPU; {'every rank' if every_rank else 'rank 0'}"
                      f" host +{_gib(load)} GiB (full fp32 copy at load)")
         return actors, Group(f"{label} x{cfg.world_size}", ", ".join(parts))

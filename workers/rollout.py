@@ -3,12 +3,13 @@ a Ray actor, with in-place weight updates for RL.
 
 - ``generate(prompts, params)`` -> one :class:`~pr_rlhf.models.base.Generation` per prompt (``params.n`` samples
   each, with token ids, and per-token log-probabilities when ``params.logprobs``).
-- ``receive_weights(buckets)`` takes new policy weights from the learner over the weight-update group
-  (``pr_rlhf.models.weight_sync``; joined once with ``join_weight_group``), in place (vLLM: through the worker
-  extension in every tensor-parallel worker, then a prefix-cache reset), and bumps ``weights_version``;
-  generations made after it use the new weights. ``load_weights(state_dict)`` does the same from a state dict
-  (the earlier path, which bench/weight_sync.py keeps as its baseline). Pass ``version`` to set the counter to the
-  learner's step instead of incrementing it.
+- vLLM's weight-transfer calls (``init_weight_transfer_engine``, ``start_weight_update``, ``update_weights``,
+  ``finish_weight_update``, ``shutdown_weight_transfer_engine``), driven by learner rank 0
+  (``workers.learner.weight_transfer``); ``finish_weight_update(version)`` commits the update and sets
+  ``weights_version`` to the learner's step. A vLLM engine runs vLLM's multiprocess runtime (its engine core and
+  tensor-parallel workers in processes of their own), as on a GPU cluster.
+- ``load_weights(state_dict)`` (hf only): a state dict through the object store, the earlier path that only
+  ``bench/weight_sync.py`` runs, as its baseline.
 
 On CPU, vLLM torch-compiles a small kernel on the first request that asks for logprobs (~15 s cold, a few s
 with a warm inductor cache); ``env={"TORCH_COMPILE_DISABLE": "1"}`` runs it eagerly instead (what the tests do).
@@ -40,10 +41,6 @@ class RolloutWorker:
             from pr_rlhf.threads import set_torch_threads
 
             set_torch_threads(int(env["OMP_NUM_THREADS"]))
-        if cfg.backend == "vllm" and not cfg.device.startswith("cuda"):
-            # In-place reload needs the engine in this process (vLLM's default spawns an engine-core process),
-            # unless the caller's env says otherwise.
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.cfg = cfg
         self.engine = make_engine(cfg)
         self.weights_version = 0
@@ -55,28 +52,46 @@ class RolloutWorker:
         return {"backend": self.cfg.backend, "model": self.cfg.model, "pid": os.getpid(),
                 "weights_version": self.weights_version, "node_id": current_node_id()}
 
+    def engine_processes(self) -> dict[str, Any]:
+        """This actor's pid and the pids of vLLM's engine core (vLLM engines; empty when it runs in-process)."""
+        cores = self.engine.engine_core_pids() if hasattr(self.engine, "engine_core_pids") else []
+        return {"actor": os.getpid(), "engine_core": cores}
+
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
         return self.engine.generate(list(prompts), params)
 
     def load_weights(self, state_dict: Mapping[str, Any], version: int | None = None) -> int:
-        """Load new weights in place; returns the new ``weights_version``."""
+        """(hf) Load a state dict in place; returns the new ``weights_version``."""
         self.engine.load_weights(state_dict)
         self.weights_version = self.weights_version + 1 if version is None else int(version)
         return self.weights_version
 
-    # the weight-update group (pr_rlhf.models.weight_sync; LearnerGroup.push_weights drives it)
-    def weight_receivers(self) -> tuple[int, str]:
-        """(processes that receive in this engine, the dtype they take)."""
-        return self.engine.weight_receivers(), self.cfg.dtype
+    # vLLM's weight-transfer API (learner rank 0 drives it: workers.learner.weight_transfer.RolloutClient)
+    def weight_receivers(self) -> tuple[int, str, str]:
+        """(processes that receive in this engine, the dtype they take, the transfer backend)."""
+        return self.engine.weight_receivers()
 
-    def join_weight_group(self, host: str, port: int, first_rank: int, world_size: int, backend: str) -> None:
-        self.engine.join_weight_group(host, port, first_rank, world_size, backend)
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.engine.init_weight_transfer_engine(init_info)
 
-    def receive_weights(self, buckets: list, version: int | None = None) -> int:
-        """The learner's broadcast, in place; returns the new ``weights_version``."""
-        self.engine.receive_weights(buckets)
+    def start_weight_update(self) -> None:
+        self.engine.start_weight_update()
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        self.engine.update_weights(update_info)
+
+    def finish_weight_update(self, version: int | None = None) -> int:
+        """Commit the update; returns the new ``weights_version`` (the learner's step when given)."""
+        self.engine.finish_weight_update()
         self.weights_version = self.weights_version + 1 if version is None else int(version)
         return self.weights_version
+
+    def abort_weight_update(self) -> None:
+        """End an update that failed (the engine holds its previous weights again); the version stays."""
+        self.engine.abort_weight_update()
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self.engine.shutdown_weight_transfer_engine()
 
     def get_weights_version(self) -> int:
         return self.weights_version

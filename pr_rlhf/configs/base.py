@@ -94,6 +94,16 @@ class HFEngineConfig(EngineBase):
     device: str = "cpu"
 
 
+def vllm_eager(device: str, enforce_eager: bool | None) -> bool:
+    """Whether vLLM runs without CUDA graphs: as asked, else eager on CPU (no graphs there) and graphs on GPU."""
+    return (not device.startswith("cuda")) if enforce_eager is None else enforce_eager
+
+
+def vllm_weight_transfer(device: str, weight_transfer: str) -> str:
+    """The weight-transfer backend a vLLM engine is built with: as asked, else nccl on GPU and gloo on CPU."""
+    return weight_transfer if weight_transfer != "auto" else ("nccl" if device.startswith("cuda") else "gloo")
+
+
 class VLLMEngineConfig(EngineBase):
     """Offline ``vllm.LLM`` in this process."""
 
@@ -102,8 +112,12 @@ class VLLMEngineConfig(EngineBase):
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     tensor_parallel_size: int = Field(1, ge=1)
     enable_prefix_caching: bool = True
-    enforce_eager: bool = Field(True, description="no CUDA graphs: quicker start and less GPU memory; False captures "
-                                                  "graphs for faster decoding")
+    enforce_eager: bool | None = Field(None, description="None: CUDA graphs on a GPU (faster decoding), eager on "
+                                                         "CPU; True: no graphs (quicker start, less GPU memory)")
+    weight_transfer: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="how a rollout engine receives the learner's weights (vLLM's weight-transfer API): "
+                            "'auto' = nccl on GPU, gloo on CPU; 'gloo' on GPU stages each bucket through host "
+                            "memory, for an engine sharing the learner's GPU (NCCL refuses two ranks on one device)")
     distributed_executor_backend: Literal["mp", "ray", "uni"] | None = Field(
         None, description="how vLLM runs its tensor-parallel workers. None: 'mp' when tensor_parallel_size > 1 "
                           "(worker processes on the GPUs of the process that builds the engine: a rollout or reward "

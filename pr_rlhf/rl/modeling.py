@@ -3,7 +3,10 @@ the PPO critic (the policy's backbone with a scalar value head) and a Bradley-Te
 sequence-classification model). Pure torch + transformers (no Ray); sharding them is the learner's business."""
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.util
+import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -11,6 +14,8 @@ from torch import nn
 
 if TYPE_CHECKING:  # pragma: no cover
     from pr_rlhf.configs.learner import LearnerConfig
+
+log = logging.getLogger(__name__)
 
 
 class CriticModel(nn.Module):
@@ -70,9 +75,25 @@ def pick_attn_implementation(requested: str, device_type: str, dtype: Any, *, ma
     if requested != "auto":
         return requested
     if device_type == "cuda" and str(dtype).endswith(("bfloat16", "float16")) and not mask_4d:
-        if importlib.util.find_spec("flash_attn") is not None:
+        if flash_attn_available():
             return "flash_attention_2"
     return "sdpa"
+
+
+def flash_attn_available() -> bool:
+    """flash-attn installed *and* importable. It ships no wheel for every torch, so it is often a source build, which
+    may be installed and still fail to import (built against another torch or CUDA): "auto" then takes sdpa."""
+    return importlib.util.find_spec("flash_attn") is not None and _flash_attn_imports()
+
+
+@functools.lru_cache(maxsize=1)
+def _flash_attn_imports() -> bool:
+    try:
+        importlib.import_module("flash_attn")
+    except Exception as exc:  # noqa: BLE001 -- any failure to import means the kernel cannot run here
+        log.warning("flash-attn is installed but does not import (%s: %s); using sdpa", type(exc).__name__, exc)
+        return False
+    return True
 
 
 # The models a learner builds. The frozen reference is built lazily by a policy learner even without a KL term

@@ -5,6 +5,7 @@ learner config, plus the two facts the decision rests on: attention sees the *co
 models (FSDP2 mixed precision, autocast), and only the policy / reference log-probs feed the packed 4-D mask."""
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +18,13 @@ from pr_rlhf.configs.learner import LearnerConfig
 from pr_rlhf.configs.recipe import load_recipe
 from pr_rlhf.rl import modeling
 from pr_rlhf.rl.forward import response_logprobs, response_values, sequence_rewards
-from pr_rlhf.rl.modeling import AttentionConfigError, attention_for, fed_4d_mask, learner_roles
+from pr_rlhf.rl.modeling import (
+    AttentionConfigError,
+    attention_for,
+    fed_4d_mask,
+    learner_roles,
+    pick_attn_implementation,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_RECIPES = sorted((ROOT / "recipes" / "gpu").glob("*.yaml"))
@@ -49,9 +56,7 @@ def recipe_learner(path: Path) -> LearnerConfig | None:
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """CUDA visible and flash-attn importable, as on a GPU node with the `gpu` extra."""
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: object() if name == "flash_attn" else real(name, *a))
+    monkeypatch.setattr(modeling, "flash_attn_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
 
 
@@ -89,6 +94,26 @@ def test_without_flash_attn_or_gpu_everything_is_sdpa(path, monkeypatch):
     assert {attention_for(cfg, r, "cuda")[1] for r in learner_roles(cfg)} == {SDPA}
     monkeypatch.setattr(importlib.util, "find_spec", real)
     assert {attention_for(cfg, r, "cpu")[1] for r in learner_roles(cfg)} == {SDPA}
+
+
+def test_an_installed_flash_attn_that_does_not_import_falls_back_to_sdpa(monkeypatch, caplog):
+    """A source build against another torch is installed (find_spec finds it) but raises on import."""
+    real_find, real_import = importlib.util.find_spec, importlib.import_module
+
+    def broken_import(name, *a):
+        if name == "flash_attn":
+            raise ImportError("flash_attn_2_cuda.so: undefined symbol: _ZN3c105ErrorC2E")
+        return real_import(name, *a)
+
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "flash_attn" else real_find(name, *a))
+    monkeypatch.setattr(importlib, "import_module", broken_import)
+    modeling._flash_attn_imports.cache_clear()
+    try:
+        assert pick_attn_implementation("auto", "cuda", torch.bfloat16) == SDPA
+        assert "does not import" in caplog.text and "undefined symbol" in caplog.text
+    finally:
+        modeling._flash_attn_imports.cache_clear()
 
 
 def test_the_4d_mask_rule(fake_gpu):

@@ -233,3 +233,26 @@ def test_the_verl_launcher_stops_when_the_reward_service_is_unreachable(tmp_path
     assert res.returncode == 3 and "the reward service is unreachable: GET http://127.0.0.1:9/health" in res.stderr, \
         res.stderr
     assert "STARTED" not in res.stdout
+
+
+def job_runtime_envs() -> Iterator[tuple[str, dict]]:
+    """Every runtime environment a job gets from the cluster files: the one `ray job submit` is given (submit.sh
+    and the README pass cluster/runtime_env.yaml) and the RayJob's own."""
+    yield "cluster/runtime_env.yaml", yaml.safe_load((CLUSTER / "runtime_env.yaml").read_text())
+    rayjob = yaml.safe_load((CLUSTER / "kuberay_rayjob.yaml").read_text())
+    yield "cluster/kuberay_rayjob.yaml spec.runtimeEnvYAML", yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])
+
+
+@pytest.mark.parametrize("name,env", list(job_runtime_envs()), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_job_tells_nccl_which_network_to_use(name, env):
+    """Left alone, NCCL may take the loopback or a container bridge on a multi-node cluster and hang or fail the
+    weight sync and FSDP2 between nodes: the job names the interface (or excludes lo and docker by prefix)."""
+    variables = env.get("env_vars", {})
+    ifname = variables.get("NCCL_SOCKET_IFNAME")
+    assert ifname, f"{name}: env_vars.NCCL_SOCKET_IFNAME is not set"
+    if ifname.startswith("^"):
+        assert {"lo", "docker"} <= set(ifname[1:].split(",")), f"{name}: NCCL_SOCKET_IFNAME {ifname!r}"
+    else:
+        assert not ifname.startswith("lo"), f"{name}: NCCL_SOCKET_IFNAME {ifname!r} is the loopback"
+        assert variables.get("GLOO_SOCKET_IFNAME") == ifname, f"{name}: env_vars.GLOO_SOCKET_IFNAME"
+    assert variables.get("NCCL_DEBUG") in ("WARN", "INFO"), f"{name}: env_vars.NCCL_DEBUG"

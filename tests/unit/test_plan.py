@@ -142,3 +142,47 @@ def test_the_rayjob_entrypoint_fits_the_cluster_the_manifest_asks_for():
     res = plan(recipe, "--nodes", str(group["replicas"]), "--gpus-per-node", str(limits["nvidia.com/gpu"]),
                "--gpu-mem-gb", "80", "--host-mem-gb", str(host), *[a for o in overrides for a in ("--set", o)])
     assert res.exit_code == 0, res.output
+
+
+def test_the_learner_counts_fsdp2s_root_group_the_gradient_reduce_and_packed_logits():
+    """The three terms the plan once left out, by hand for Qwen3-8B (untied: its root group holds the embedding and
+    the lm_head, 1.24B parameters): the root unsharded from forward to backward beside two layers, the root's bf16
+    gradient with its fp32 copy for the reduce-scatter, and with shared_prefix every packed position's bf16 logits."""
+    from pr_rlhf.configs.learner import LearnerConfig
+    from pr_rlhf.planning import _Builder
+
+    arch = Models().get("Qwen/Qwen3-8B")
+    root = 2 * arch.vocab * arch.hidden + arch.hidden
+    cfg = LearnerConfig(model="Qwen/Qwen3-8B", world_size=8, strategy="fsdp2", device="cuda", dtype="bfloat16",
+                        micro_batch_size=2, gradient_checkpointing=True, shared_prefix=True)
+    actors, group = _Builder(Models(), 80.0, 8).learner(cfg, cfg.model, "learner.model", 4096, 1024,
+                                                        reference=False)
+    gib = 2 ** 30
+    assert f"unshard {(root + 2 * arch.layer_params) * 2 / gib:.1f}" in group.detail
+    assert f"gradient reduce {root * 6 / gib:.1f}" in group.detail
+    logits = 2 * 1025 * arch.vocab * 8 + 2 * 4096 * arch.vocab * 2
+    assert f"logits {logits / gib:.1f} (2 x 1025 x {arch.vocab}, packed: 8192 positions)" in group.detail
+    unpacked = cfg.model_copy(update={"shared_prefix": False})
+    _, group = _Builder(Models(), 80.0, 8).learner(unpacked, cfg.model, "learner.model", 4096, 1024, reference=False)
+    assert f"logits {2 * 1025 * arch.vocab * 10 / gib:.1f} (2 x 1025 x {arch.vocab})" in group.detail
+
+
+def test_the_learner_figure_brackets_a_published_fsdp2_measurement():
+    """torchtitan's docs/performance.md (Table 1: Llama 3.1 8B, FSDP2 over 8 H100s, local batch 2, sequence 8192,
+    bf16 compute with fp32 master weights and AdamW, loss on every position, selective activation checkpointing)
+    report 82.4 GiB per GPU. Selective checkpointing keeps more than full checkpointing and less than none, so the
+    plan's figures for those two must bracket it (a loose check: the bracket is wide; docs/measurements.md lists
+    both figures beside the published one)."""
+    from pr_rlhf.configs.learner import LearnerConfig
+    from pr_rlhf.planning import _Builder
+
+    def per_gpu(checkpointed: bool) -> float:
+        cfg = LearnerConfig(model="meta-llama/Llama-3.1-8B-Instruct", world_size=8, strategy="fsdp2", device="cuda",
+                            dtype="bfloat16", micro_batch_size=2, shared_prefix=False,
+                            gradient_checkpointing=checkpointed)
+        builder = _Builder(Models(), 80.0, 8)
+        actors, _ = builder.learner(cfg, cfg.model, "learner.model", 8192, 8191, reference=False)
+        return actors[0].gpu_bytes / 2 ** 30
+
+    full, none = per_gpu(True), per_gpu(False)
+    assert full < 82.4 < none, (full, none)

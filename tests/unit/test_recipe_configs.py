@@ -63,15 +63,17 @@ ADDED_SECTION_FIELDS = {("data", "encoding_errors"): "strict", ("serve", "users"
                         ("serve", "tenant_tokens_env"): {}}
 # what the policy is shown of a rubric and what the reward requests carry: as before (all aspects, no history)
 ADDED_TRAIN_DATA_FIELDS = {"plan_max_aspects": None, "history_pairs": 0}
-# trains: as before. The weight sync's bucket size and backend (issue 38: a broadcast replaced the state dict through
-# the driver; the weights an engine ends up with are the same, tests/integration/test_weight_sync.py)
+# trains: as before. The weight sync's bucket size and its per-step timeout (issues 38 and 49: the weights an engine
+# ends up with are the same, tests/integration/test_weight_sync.py)
 ADDED_LEARNER_FIELDS = {"trains": "policy", "weight_sync_bucket_mb": 256,
-                        "load_weights_on": "rank0", "weight_sync_backend": "auto"}
+                        "load_weights_on": "rank0", "weight_sync_timeout_s": 120.0}
 # The evaluation's named models (none: only the section's own, as before) and the section's name beside them; the
 # quickstart recipes, which use them, were re-dumped into the baseline.
 ADDED_EVAL_FIELDS = {"models": {}, "label": "base"}
-# vLLM engine fields added after the baseline, with the value the engine was built with before (issue 38)
-ADDED_VLLM_FIELDS = {"enforce_eager": True, "distributed_executor_backend": None}
+# vLLM engine fields added after the baseline (issue 38). enforce_eager None: eager on CPU, as every engine was
+# built before; CUDA graphs on GPU (issue 49, on purpose). weight_transfer auto: gloo on CPU, nccl on GPU, the
+# backends the weight sync used before.
+ADDED_VLLM_FIELDS = {"enforce_eager": None, "distributed_executor_backend": None, "weight_transfer": "auto"}
 
 
 def union_members(union: Any) -> set[type[BaseModel]]:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pr_rlhf.configs.base import engine_config
+from pr_rlhf.configs.base import engine_config, vllm_eager, vllm_weight_transfer
 from pr_rlhf.configs.recipe import RecipeError, load_recipe
 from pr_rlhf.resources import ClusterFitError, ResourceError, actor_groups, check
 
@@ -128,7 +128,12 @@ def test_vllm_executor_is_explicit_with_tensor_parallelism():
     assert engine_config(backend="vllm").executor_backend() is None
     assert engine_config(backend="vllm", tensor_parallel_size=2, distributed_executor_backend="ray")\
         .executor_backend() == "ray"
-    assert engine_config(backend="vllm").enforce_eager is True
+    # CUDA graphs on a GPU unless asked otherwise; eager on CPU (vLLM captures none there)
+    assert vllm_eager("cuda", engine_config(backend="vllm").enforce_eager) is False
+    assert vllm_eager("cpu", engine_config(backend="vllm").enforce_eager) is True
+    assert vllm_eager("cuda", True) is True
+    assert vllm_weight_transfer("cuda", "auto") == "nccl" and vllm_weight_transfer("cpu", "auto") == "gloo"
+    assert vllm_weight_transfer("cuda", "gloo") == "gloo"
     with pytest.raises(ValueError, match="'uni' runs one GPU worker"):
         engine_config(backend="vllm", tensor_parallel_size=2, distributed_executor_backend="uni")
     with pytest.raises(ResourceError, match=r"pgenrm.rollout.distributed_executor_backend 'ray'.*waits forever"):

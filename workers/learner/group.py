@@ -27,7 +27,9 @@ class LearnerGroup:
     """``world_size`` ``LearnerWorker`` actors in one placement group, driven together."""
 
     def __init__(self, config: LearnerConfig | Mapping[str, Any], *, name: str | None = None,
-                 ready_timeout_s: float = 300.0, runtime_env: dict[str, Any] | None = None) -> None:
+                 ready_timeout_s: float = 300.0, runtime_env: dict[str, Any] | None = None,
+                 worker_cls: type[LearnerWorker] = LearnerWorker) -> None:
+        """``worker_cls``: the rank's class (a subclass of ``LearnerWorker``; tests inject faults through one)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -39,7 +41,7 @@ class LearnerGroup:
                   **cfg.resources}
         self._pg = reserve_bundles([dict(bundle) for _ in range(self.world_size)], cfg.placement_strategy,
                                    "learner", ready_timeout_s)
-        remote_cls = ray.remote(LearnerWorker)
+        remote_cls = ray.remote(worker_cls)
         options: dict[str, Any] = {"num_cpus": cfg.num_cpus_per_worker,
                                    "num_gpus": cfg.num_gpus_per_worker if use_gpu else 0}
         if runtime_env:
@@ -113,39 +115,53 @@ class LearnerGroup:
         return self._call_all("state_dict_for_rollout", dtype)[0]
 
     def push_weights(self, rollouts: list, version: int) -> None:
-        """The policy into every rollout engine (``RolloutWorker`` actors): a broadcast over a weight-update group
-        joined on the first call for these engines; the driver passes only the plan (names and shapes)."""
+        """The policy into every rollout engine (``RolloutWorker`` actors) through vLLM's weight-transfer API; the
+        transfer group forms on the first call for these engines. The driver only starts the calls: the weights go
+        learner rank 0 -> engines (``workers.learner.weight_transfer``). A failed sync raises
+        ``WeightTransferError`` (the engines keep their previous weights) and closes the group; the next call
+        forms a new one."""
         import ray
 
-        if getattr(self, "_weight_sync_for", None) != rollouts:
-            self._join_weight_group(rollouts)
-        plan = ray.get(self.workers[0].weight_plan.remote(self._rollout_dtype,
-                                                          self.config.weight_sync_bucket_mb << 20))
-        ray.get([w.send_weights.remote(plan) for w in self.workers]
-                + [r.receive_weights.remote(plan, version) for r in rollouts])
+        if getattr(self, "_transfer_for", None) != rollouts:
+            self._open_transfer(rollouts)
+        try:
+            ray.get([w.send_weights.remote(version) for w in self.workers],
+                    timeout=self._sync_deadline_s())
+        except Exception:
+            self.close_weight_transfer()
+            raise
 
-    def _join_weight_group(self, rollouts: list) -> None:
+    def _sync_deadline_s(self) -> float:
+        # each step of a sync waits at most weight_sync_timeout_s (join, a bucket, the engines' update, the
+        # agreement): the whole sync a few of them
+        return 4 * self.config.weight_sync_timeout_s
+
+    def _open_transfer(self, rollouts: list) -> None:
         import ray
 
-        receivers = ray.get([r.weight_receivers.remote() for r in rollouts])
-        dtypes = {dtype for _, dtype in receivers}
-        if len(dtypes) != 1:
-            raise ValueError(f"weight sync: the rollout engines run different dtypes {sorted(dtypes)}; one "
-                             f"broadcast serves one dtype")
-        self._rollout_dtype = dtypes.pop()
-        world_size = 1 + sum(n for n, _ in receivers)
+        self.close_weight_transfer()
+        receivers = ray.get([r.weight_receivers.remote() for r in rollouts], timeout=self._sync_deadline_s())
+        for what, values in (("dtypes", {dtype for _, dtype, _ in receivers}),
+                             ("transfer backends", {backend for _, _, backend in receivers})):
+            if len(values) != 1:
+                raise ValueError(f"weight sync: the rollout engines run different {what} {sorted(values)}; one "
+                                 "transfer serves one")
+        _, dtype, backend = receivers[0]
         host, port, _ = ray.get(self.workers[0].node_endpoint.remote())
-        first, calls = 1, [self.workers[0].join_weight_group.remote(host, port, world_size, self._backend())]
-        for rollout, (n, _) in zip(rollouts, receivers):
-            calls.append(rollout.join_weight_group.remote(host, port, first, world_size, self._backend()))
-            first += n
-        ray.get(calls)   # the group forms once every member has joined
-        self._weight_sync_for = list(rollouts)
+        ray.get([w.open_weight_transfer.remote(list(rollouts), [n for n, _, _ in receivers], backend, dtype, host,
+                                               port) for w in self.workers], timeout=self._sync_deadline_s())
+        self._transfer_for = list(rollouts)
 
-    def _backend(self) -> str:
-        if self.config.weight_sync_backend != "auto":
-            return self.config.weight_sync_backend
-        return "nccl" if self.info[0]["device"].startswith("cuda") else "gloo"
+    def close_weight_transfer(self) -> None:
+        """Release the transfer group on the learner ranks and in the engines (they keep serving)."""
+        import ray
+
+        if getattr(self, "_transfer_for", None) is None:
+            return
+        self._transfer_for = None
+        with suppress(Exception):   # a rank or an engine may be gone already: nothing left to release there
+            ray.get([w.close_weight_transfer.remote() for w in self.workers],
+                    timeout=self.config.weight_sync_timeout_s)
 
     def save_checkpoint(self, path: str | os.PathLike, step: int, data_position: Any = None) -> str:
         return self._call_all("save_checkpoint", str(path), step, data_position)[0]
@@ -166,6 +182,7 @@ class LearnerGroup:
         """Kill the actors and release the placement group."""
         import ray
 
+        self.close_weight_transfer()
         for w in getattr(self, "workers", []):
             with suppress(Exception):  # already gone
                 ray.kill(w)

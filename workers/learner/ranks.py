@@ -53,6 +53,14 @@ class Ranks:
         dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
         return t.tolist()
 
+    def first_error(self, error: str | None) -> str | None:
+        """The error of the lowest rank that had one, on every rank (None when no rank had one)."""
+        if not self.distributed:
+            return error
+        gathered: list[str | None] = [None] * self.world_size
+        dist.all_gather_object(gathered, error)
+        return next((e for e in gathered if e is not None), None)
+
     def union(self, names: Sequence[str]) -> list[str]:
         """The sorted union of every rank's ``names``."""
         if not self.distributed:
@@ -60,6 +68,32 @@ class Ranks:
         gathered: list[list[str]] = [[] for _ in range(self.world_size)]
         dist.all_gather_object(gathered, sorted(names))
         return sorted({n for g in gathered for n in g})
+
+
+NOSET_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+
+
+def cuda_index_for(environ: dict[str, str], ray_gpu_ids: Sequence[int | str]) -> int | None:
+    """The CUDA index of this rank's GPU, or None for the current device. Ray normally narrows
+    ``CUDA_VISIBLE_DEVICES`` to the actor's GPU (index 0 inside it); with
+    ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`` set (as some clusters and colocated trainers do) every GPU
+    stays visible, and the rank must take the one Ray gave it, else every rank lands on cuda:0."""
+    if environ.get(NOSET_VISIBLE_DEVICES, "") not in ("", "0") and ray_gpu_ids:
+        return int(ray_gpu_ids[0])
+    return None
+
+
+def own_cuda_index() -> int:
+    """This rank's GPU (see :func:`cuda_index_for`), made the current device."""
+    ids: list = []
+    if os.environ.get(NOSET_VISIBLE_DEVICES):
+        import ray
+
+        ids = ray.get_gpu_ids() if ray.is_initialized() else []
+    index = cuda_index_for(dict(os.environ), ids)
+    if index is not None:
+        torch.cuda.set_device(index)
+    return torch.cuda.current_device()
 
 
 def join_process_group(rank: int, world_size: int, device_choice: str, master_addr: str | None,
@@ -77,7 +111,7 @@ def join_process_group(rank: int, world_size: int, device_choice: str, master_ad
     use_cuda = device_choice == "cuda" or (device_choice == "auto" and torch.cuda.is_available())
     if use_cuda and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' was asked for but this worker sees no GPU")
-    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    device = torch.device("cuda", own_cuda_index()) if use_cuda else torch.device("cpu")
     owns = False
     if not dist.is_initialized():
         dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size)

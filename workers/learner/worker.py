@@ -429,41 +429,37 @@ class LearnerWorker:
             state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
         return state
 
-    # ------------------------------------------------------------------------- weight sync (weight-update group)
-    def weight_plan(self, dtype: str, bucket_bytes: int) -> list:
-        """The policy's parameters (HF names, full shapes) in buckets of ``dtype``: the metadata every member of
-        the weight-update group follows (``pr_rlhf.models.weight_sync``)."""
-        from pr_rlhf.models.weight_sync import plan_buckets
+    # ------------------------------------------ weight sync (vLLM's weight-transfer API: learner/weight_transfer.py)
+    def open_weight_transfer(self, rollouts: list, receivers: list[int], backend: str, dtype: str, host: str,
+                             port: int) -> None:
+        """Every rank: this rank's trainer engine for these rollout engines (rank 0 forms the group with them)."""
+        from workers.learner.weight_transfer import LearnerTransfer
 
         self._require_ready()
-        # tied parameters under every name: vLLM's in-place reload re-creates a layer's parameters, so a tied
-        # lm_head would keep the old embedding unless it is sent too
-        return plan_buckets(((n, tuple(p.shape)) for n, p in self.policy.named_parameters(remove_duplicate=False)),
-                            dtype, bucket_bytes)
+        self.close_weight_transfer()
+        cfg = self.config
+        self._transfer = LearnerTransfer(self.weight_source(dtype), self.ranks, rollouts, receivers, backend, host,
+                                         port, cfg.weight_sync_bucket_mb << 20, cfg.weight_sync_timeout_s)
 
-    def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> None:
-        """Rank 0 joins the weight-update group as its sender (group rank 0); the other ranks only help gather."""
-        from pr_rlhf.models.weight_sync import WeightUpdateGroup
+    def weight_source(self, dtype: str) -> Any:
+        """What a sync sends: the policy, each parameter gathered whole and cast to ``dtype``."""
+        from workers.learner.weight_transfer import policy_source
 
-        if self.rank == 0:
-            self._weight_group = WeightUpdateGroup(host, port, 0, world_size, backend=backend, device=self.device)
+        return policy_source(self.policy, dtype)
 
-    def send_weights(self, buckets: list) -> int:
-        """Broadcast the policy bucket by bucket: every rank gathers one parameter at a time (a collective of the
-        learner ranks), rank 0 packs it into the bucket (cast to the bucket's dtype) and sends. Collective; returns
-        the bytes rank 0 sent (0 on the others)."""
-        from pr_rlhf.models.weight_sync import send_buckets
-
+    def send_weights(self, version: int) -> None:
+        """Collective: the policy into every engine of the open transfer, parameter by parameter; raises on every
+        rank when the sync failed anywhere (the engines then still hold their previous weights)."""
         self._require_ready()
+        if getattr(self, "_transfer", None) is None:
+            raise RuntimeError("send_weights: open_weight_transfer was never called")
         self.strategy.reshard(self.policy)
-        params = dict(self.policy.named_parameters(remove_duplicate=False))
+        self._transfer.send(version)
 
-        def full_tensor(name: str) -> torch.Tensor:
-            p = params[name].detach()
-            return p.full_tensor() if hasattr(p, "full_tensor") else p
-
-        with torch.no_grad():
-            return send_buckets(getattr(self, "_weight_group", None), buckets, full_tensor, self.device)
+    def close_weight_transfer(self) -> None:
+        transfer, self._transfer = getattr(self, "_transfer", None), None
+        if transfer is not None:
+            transfer.close()
 
     # -------------------------------------------------------------------------------------------- checkpoints
     def _trained_models(self) -> list[tuple[str, nn.Module, torch.optim.Optimizer]]:
