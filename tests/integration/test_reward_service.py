@@ -178,9 +178,9 @@ def test_verl_reward_function_through_verl_reward_manager(service, monkeypatch):
     want = [world.gold_utility(t, p.user_id) for t, p in zip(decoded, pairs)]
     got = out["reward_tensor"].sum(dim=1).tolist()
     assert got == pytest.approx(want, abs=1e-5) and out["reward_extra_info"]["reward_status"] == ["ok"] * 3
-    # no user: the failure value and a status saying why, not a crash and not a silent neutral score
-    failed = compute_score("pr_rlhf", "text", "Q?", {})
-    assert failed["score"] == 0.0 and failed["reward_status"].startswith("bad_input")
+    # no user: refused naming the row's fields (tests/unit/test_verl_integration.py), not a silent neutral score
+    with pytest.raises(ValueError, match="user_id"):
+        compute_score("pr_rlhf", "text", "Q?", {})
     monkeypatch.setenv("PR_RLHF_REWARD_RETRIES", "1")
     gone = compute_score("pr_rlhf", "t", "Q?", {"user_id": "u", "reward_url": f"http://127.0.0.1:{free_port()}"})
     assert gone["reward_status"].startswith("gave_up after 2 tries")

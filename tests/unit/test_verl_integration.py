@@ -73,3 +73,84 @@ def test_verl_ppo_script_overrides_compose_with_verls_config():
     assert cfg.actor_rollout_ref.actor.optim.lr == 5e-7 and cfg.critic.optim.lr == 5e-6
     assert cfg.actor_rollout_ref.rollout.n == 1 and cfg.algorithm.use_kl_in_reward is False
     assert cfg.trainer.total_epochs == 1
+
+
+class ScriptedService:
+    """A stand-in reward service on loopback answering each POST /score with the next scripted status (then 200)."""
+
+    def __init__(self, statuses: list[int], retry_after: str = "0") -> None:
+        import http.server
+        import json
+        import threading
+
+        script, seen = list(statuses), []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                status = script.pop(0) if script else 200
+                seen.append(status)
+                body = json.dumps({"score": 0.75, "latency_ms": 1.0} if status == 200 else
+                                  {"detail": f"scripted {status}"}).encode()
+                self.send_response(status)
+                if status == 503:
+                    self.send_header("Retry-After", retry_after)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.seen = seen
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+ROW = {"user_id": "u1", "query": "What should I cook?"}
+
+
+def test_the_verl_adapter_waits_out_a_starting_service():
+    """503 + Retry-After (the service starting or restarting) is retried, then the score arrives."""
+    from pr_rlhf.integrations.verl import compute_score
+
+    svc = ScriptedService([503, 503, 503])
+    try:
+        out = compute_score("pr_rlhf", "an answer", None, {**ROW, "reward_url": svc.url})
+        assert out["score"] == 0.75 and out["reward_status"] == "ok" and svc.seen == [503, 503, 503, 200]
+    finally:
+        svc.close()
+
+
+@pytest.mark.parametrize("extra_info,named", [(None, "extra_info is None"), ({"query": "q"}, "'query'"),
+                                              ({"user_id": "u1"}, "'user_id'")])
+def test_the_verl_adapter_refuses_a_row_it_cannot_score_naming_its_fields(extra_info, named, monkeypatch):
+    """A dataset exported without user ids would otherwise train a whole run on the failure score."""
+    from pr_rlhf.integrations.verl import compute_score
+
+    monkeypatch.delenv("PR_RLHF_REWARD_ON_BAD_INPUT", raising=False)
+    with pytest.raises(ValueError, match="pr_rlhf reward") as err:
+        compute_score("pr_rlhf", "an answer", None, extra_info)
+    assert named in str(err.value)
+    monkeypatch.setenv("PR_RLHF_REWARD_ON_BAD_INPUT", "score")   # the option: keep the failure score
+    kept = compute_score("pr_rlhf", "an answer", None, extra_info)
+    assert kept["score"] == 0.0 and kept["reward_status"].startswith("bad_input")
+
+
+def test_the_verl_adapter_fails_loudly_on_a_request_the_service_refuses(monkeypatch):
+    """A 4xx other than 429 cannot be helped by retrying: raised (by default), never scored 0.0 quietly."""
+    from pr_rlhf.integrations.verl import compute_score
+
+    monkeypatch.delenv("PR_RLHF_REWARD_ON_BAD_INPUT", raising=False)
+    svc = ScriptedService([422])
+    try:
+        with pytest.raises(ValueError, match="HTTP 422.*scripted 422"):
+            compute_score("pr_rlhf", "an answer", None, {**ROW, "reward_url": svc.url})
+        assert svc.seen == [422]
+    finally:
+        svc.close()

@@ -1,0 +1,128 @@
+"""The reward service as users run it (`pr-rlhf serve-reward recipes/serve_online.yaml`, a process of its own with
+its own local Ray): polled from the moment the process starts, its routes never answer 404 (connection refused,
+then 503 with Retry-After, then 201); and SIGKILLed while 32 clients send 200 feedback writes and started again,
+every write is stored, exactly once (the clients retry what is retryable: ``pr_rlhf.serve.client``)."""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.local_nodes import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+WRITES, CLIENTS, KILL_AFTER, USERS = 200, 32, 65, 20
+
+
+class Service:
+    """`pr-rlhf serve-reward` in a process group of its own, on a free port, with a user store in ``folder``."""
+
+    def __init__(self, folder: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.folder = folder
+        self.log = folder / "service.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "HF_HUB_OFFLINE": "1"}
+        cmd = [sys.executable, "-m", "pr_rlhf.cli", "serve-reward", "recipes/serve_online.yaml",
+               "--set", f"serve.port={self.port}", "--set", f"serve.users.url=sqlite:///{self.folder}/users.sqlite"]
+        with self.log.open("a") as log:
+            self.process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+
+    def kill(self) -> None:
+        """SIGKILL, as an OOM killer or a lost node would: no graceful shutdown."""
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    svc = Service(tmp_path_factory.mktemp("service_restart"))
+    yield svc
+    svc.stop()
+
+
+def feedback(i: int) -> dict:
+    return {"user_id": f"user-{i % USERS}", "query": f"question {i}", "chosen": f"chosen {i}",
+            "rejected": f"rejected {i}", "idempotency_key": f"write-{i}"}
+
+
+def poll_until_written(url: str, deadline_s: float = 240.0) -> dict:
+    """POST /feedback every 50 ms until it is stored: the first time each outcome was seen."""
+    import httpx
+
+    seen: dict = {}
+    start = time.monotonic()
+    while time.monotonic() - start < deadline_s:
+        try:
+            outcome = httpx.post(url + "/feedback", json=feedback(-1), timeout=10).status_code
+        except httpx.TransportError as exc:
+            outcome = type(exc).__name__
+        seen.setdefault(outcome, round(time.monotonic() - start, 1))
+        if outcome in (200, 201):
+            return seen
+        time.sleep(0.05)
+    raise AssertionError(f"the service did not store a write within {deadline_s} s: {seen}")
+
+
+def test_polled_from_its_start_the_service_answers_503_never_404(service):
+    service.start()
+    seen = poll_until_written(service.url)
+    assert 404 not in seen, f"a route answered 404 while the service started: {seen}"
+    assert 503 in seen, f"no 503 while starting (the window is seconds long on any machine): {seen}"
+    assert set(seen) <= {"ConnectError", "ReadTimeout", "RemoteProtocolError", 503, 200, 201}, seen
+
+
+def test_killed_during_200_concurrent_writes_every_write_is_stored_once(service):
+    from pr_rlhf.serve.client import ServiceClient
+
+    if service.process is None or service.process.poll() is not None:
+        service.start()
+        poll_until_written(service.url)
+    acked: list[int] = []
+    lock = threading.Lock()
+    killed = threading.Event()
+
+    def write(i: int) -> None:
+        with ServiceClient(service.url, timeout_s=60, retries=40, backoff_s=0.25, max_backoff_s=2.0,
+                           seed=i) as client:
+            client.post("/feedback", feedback(i))
+        with lock:
+            acked.append(i)
+            if len(acked) == KILL_AFTER:
+                killed.set()
+
+    with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+        futures = [pool.submit(write, i) for i in range(WRITES)]
+        assert killed.wait(timeout=300), f"only {len(acked)} writes acknowledged"
+        service.kill()
+        service.start()
+        for future in futures:
+            future.result(timeout=600)   # every write acknowledged, through the restart
+    assert sorted(acked) == list(range(WRITES))
+
+    import httpx
+
+    sizes = {u: httpx.get(f"{service.url}/users/user-{u}", timeout=60).json()["size"] for u in range(USERS)}
+    # each user's writes, once each (the poll's own write went to user-19: index -1 % 20)
+    expected = {u: WRITES // USERS + (1 if u == (-1 % USERS) else 0) for u in range(USERS)}
+    assert sizes == expected
