@@ -58,7 +58,7 @@ def serve(model_dir, work_dir, max_model_len: int = 1024, extra_args: Sequence[s
     port = free_port()
     log_path = work / "server.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TMPDIR": str(work)}
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # an in-process engine elsewhere in the session set it
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # vLLM's default runtime, whatever the caller's shell set
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),

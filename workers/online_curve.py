@@ -125,11 +125,11 @@ def _write_json(path: Path, value: Any) -> None:
 def _service_phase(s: CurveSettings, users: list[str], stream: dict, tests: list, reward: Any) -> list[dict]:
     """Users send their pairs as feedback through the running service; after each point their test pairs are
     scored through it (and through the borrowing service at its points)."""
-    import httpx
     from ray import serve
 
     from pr_rlhf.models.embedders import make_embedder
     from pr_rlhf.reward.judge import chosen_slot
+    from pr_rlhf.serve.client import ServiceClient
     from pr_rlhf.serve.personalize import build_feedback_prototypes
     from workers.ray_utils import init_local_ray, shutdown_local_ray
     from workers.reward_service import deploy
@@ -156,26 +156,20 @@ def _service_phase(s: CurveSettings, users: list[str], stream: dict, tests: list
                                                      prototypes=str(protos), neighbours=2,
                                                      history_pairs=HISTORY_PAIRS, profile_items=0)))
             apps[BORROW] = root + "/borrow"
-        http = httpx.Client(timeout=600)
+        clients = {app: ServiceClient(url, timeout_s=600, seed=SEED) for app, url in apps.items()}
 
         def send_feedback(job: tuple[str, str, range]) -> None:
             app, user, indices = job
             for i in indices:   # one user's pairs in order (users in parallel), as one person sends them
                 h = stream[user][i]
-                r = http.post(apps[app] + "/feedback", json={"user_id": user, "query": h.question,
-                                                              "chosen": h.chosen, "rejected": h.rejected,
-                                                              "idempotency_key": f"{user}-{i}"})
-                if r.status_code not in (200, 201):
-                    raise RuntimeError(f"feedback {user}/{i}: HTTP {r.status_code}: {r.text[:300]}")
+                clients[app].post("/feedback", {"user_id": user, "query": h.question, "chosen": h.chosen,
+                                                "rejected": h.rejected, "idempotency_key": f"{user}-{i}"})
 
         def score(job: tuple[str, Any]) -> dict:
             app, p = job
             slot = chosen_slot(SEED, p.pair_id)
             pair = [p.chosen, p.rejected] if slot == "A" else [p.rejected, p.chosen]
-            r = http.post(apps[app] + "/score", json={"user_id": p.user_id, "query": p.question, "responses": pair})
-            if r.status_code != 200:
-                raise RuntimeError(f"score {p.pair_id}: HTTP {r.status_code}: {r.text[:300]}")
-            body = r.json()
+            body = clients[app].post("/score", {"user_id": p.user_id, "query": p.question, "responses": pair})
             scores = body.get("scores")
             predicted = None if not scores or scores[0] == scores[1] else ("A" if scores[0] > scores[1] else "B")
             return {"pair_id": p.pair_id, "user_id": p.user_id, "chosen_slot": slot, "predicted": predicted,
@@ -191,7 +185,8 @@ def _service_phase(s: CurveSettings, users: list[str], stream: dict, tests: list
             for app in [SERVICE] + ([BORROW] if k in s.borrow_points else []):
                 for row in _pool_map(score, [(app, p) for p in tests], s.clients, f"{app} k={k}"):
                     outcomes.append({"arm": app, "k": k, **row})
-        http.close()
+        for client in clients.values():
+            client.close()
     finally:
         serve.shutdown()
         shutdown_local_ray()

@@ -120,14 +120,16 @@ def private_temp_root() -> str:
 
 def init_local_ray(num_cpus: float | None = None, temp_dir: str | os.PathLike | None = None, *,
                    include_dashboard: bool = False, object_store_memory: int | None = DEFAULT_OBJECT_STORE_BYTES,
-                   num_gpus: float | None = None, **init_kwargs: Any) -> LocalRay:
+                   num_gpus: float | None = None, worker_env: dict[str, str] | None = None,
+                   **init_kwargs: Any) -> LocalRay:
     """Start a private local Ray (loopback only), or return at once when Ray is already initialized.
 
     ``temp_dir``: Ray's temp dir; default a fresh ``.ray_tmp/ray-XXXX`` under the repository (removed by
     :func:`shutdown_local_ray`). ``num_cpus`` are logical: more than the cores lets several small actors share
     them. Ray's processes also get ``TMPDIR`` pointing inside the temp dir (vLLM and torch write there) and, unless
     set, ``TORCHINDUCTOR_CACHE_DIR`` in a ``torchinductor`` folder that outlives the session (beside the default
-    temp dir, inside a given one); this process keeps its own environment.
+    temp dir, inside a given one); this process keeps its own environment. ``worker_env``: more variables for
+    every Ray process (Serve's proxies read theirs at start).
     """
     global _STATE
     loopback_env()
@@ -146,7 +148,7 @@ def init_local_ray(num_cpus: float | None = None, temp_dir: str | os.PathLike | 
         kwargs["dashboard_host"] = "127.0.0.1"
     kwargs.update(init_kwargs)
     # Inherited by the raylet, hence by every worker process; this process keeps its own values.
-    ray_env = {"TMPDIR": str(scratch)}
+    ray_env = {"TMPDIR": str(scratch), **(worker_env or {})}
     if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         # torch.compile caches (vLLM compiles its logprob kernel: ~15 s cold, a few s warm) outlive the session.
         ray_env["TORCHINDUCTOR_CACHE_DIR"] = str((Path(path).parent if owned else Path(path)) / "torchinductor")
@@ -168,17 +170,20 @@ def init_local_ray(num_cpus: float | None = None, temp_dir: str | os.PathLike | 
     return _STATE
 
 
-def init_ray(address: str | None = None, **local_kwargs: Any) -> LocalRay:
+def init_ray(address: str | None = None, *, worker_env: dict[str, str] | None = None,
+             **local_kwargs: Any) -> LocalRay:
     """Join the cluster at ``address`` (or ``$RAY_ADDRESS``, e.g. under ``ray job submit``); with neither, start
-    a private local one with :func:`init_local_ray`."""
+    a private local one with :func:`init_local_ray`. ``worker_env``: variables for the processes this job starts
+    (on a joined cluster through the job's runtime env, which actors they create inherit)."""
     global _STATE
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is None or address == "local":
-        return init_local_ray(**local_kwargs)
+        return init_local_ray(worker_env=worker_env, **local_kwargs)
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=address, logging_level="WARNING")
+        ray.init(address=address, logging_level="WARNING",
+                 **({"runtime_env": {"env_vars": dict(worker_env)}} if worker_env else {}))
         _STATE = LocalRay(temp_dir=None, started=False)
     return _STATE or LocalRay(temp_dir=None, started=False)
 

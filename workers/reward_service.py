@@ -13,6 +13,10 @@ Routes (schema in ``pr_rlhf.serve.schema``):
   ``DELETE /users/{id}``. A scoring request that names a stored user and brings no history is scored with the
   stored one. With ``tenant_tokens_env`` each bearer token reads and writes only its own tenant's users.
 
+While the service starts (Serve's proxy listens before the routes exist) and while its application is redeployed,
+its routes answer 503 with ``Retry-After`` instead of Serve's 404 (``pr_rlhf.serve.starting``, loaded into Serve's
+proxies by ``run_reward_service``); clients retry it (``pr_rlhf.serve.client``, the verl adapter).
+
 Concurrent requests are merged by ``@serve.batch`` into one scorer call (up to ``max_batch_size``, waiting at most
 ``batch_wait_timeout_s``); inside a call the planner runs once per distinct (user, query, profile) and the engine
 sees the whole batch. A malformed request gets 422 naming the field; a request without the bearer token (when
@@ -275,9 +279,11 @@ def run_reward_service(cfg: ServeConfig, address: str | None = None, *, detach: 
     SIGTERM (``on_stop()``, then Serve shut down)."""
     import signal
 
+    from pr_rlhf.serve.starting import proxy_environment
     from workers.ray_utils import init_ray
 
-    init_ray(address, num_cpus=max(os.cpu_count() or 1, 2))
+    # Serve's proxies answer 503 + Retry-After, not 404, on the service's routes until they exist
+    init_ray(address, num_cpus=max(os.cpu_count() or 1, 2), worker_env=proxy_environment(cfg.route_prefix))
     on_ready(deploy(cfg))
     if detach:
         return
