@@ -1,4 +1,5 @@
-"""The Best-of-N sweep on Ray: one pool of N samples per prompt from a rollout worker, scored once per reward model
+"""The Best-of-N sweep on Ray: one pool of N samples per prompt from a rollout worker (vLLM, in its default
+multiprocess runtime), scored once per reward model
 and by the downstream judge through reward pools, curves for every k, the validity report; a rerun resumes (no
 prompt generated or scored twice)."""
 from __future__ import annotations
@@ -25,7 +26,7 @@ def test_sweep_pools_once_scores_once_and_resumes(ray_cluster, tmp_path):  # noq
 
     shards = tmp_path / "data"
     ensure_world_shards(shards, WORLD)
-    cfg = BoNConfig(policy=engine_config(backend="hf", model="tiny"), shards=str(shards), prompts=3, n=4,
+    cfg = BoNConfig(policy=engine_config(backend="vllm", model="tiny", max_model_len=512), shards=str(shards), prompts=3, n=4,
                     max_tokens=12, prompts_per_call=2, out=str(tmp_path / "bon"),
                     reward_models={"gold": reward_config(kind="gold", world=WORLD),
                                    "prior": reward_config(kind="world_estimate", estimator="no_history", world=WORLD),
