@@ -53,7 +53,7 @@ def measure(args: argparse.Namespace) -> Result:
         learner = LearnerGroup({"model": model, "world_size": 2, "strategy": "fsdp2", "device": "cpu",
                                 "num_cpus_per_worker": 0.5})
         ray.get(rollout.ready.remote())
-        params = sum(d["local_trained_params"] for d in learner.describe())   # the ranks' shards add up
+        params = learner.describe()[0]["local_trained_params"]   # a DTensor counts its global elements
         seconds: dict[str, list[float]] = {"broadcast": [], "object_store": []}
         peaks: dict[str, float] = {}
         version = 0
