@@ -24,33 +24,31 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_de
       f"nccl {torch.cuda.nccl.version()}, flash_attn {'yes' if importlib.util.find_spec('flash_attn') else 'no'}")
 PY
 start=$(date +%s)
-timeout 480 "$py" -m pr_rlhf.cli train recipes/grpo_tiny.yaml --out "$out/run" \
-  --set train.steps=3 --set train.prompts_per_step=4 --set train.group_size=4 --set train.max_tokens=32 \
-  --set train.eval_every=3 --set train.checkpoint_every=3 --set train.warmup_sft_steps=0 \
-  --set train.data.shards="$out/shards" --set train.data.heldout_prompts=4 --set train.eval_samples=2 \
-  --set train.rollout.backend=vllm --set train.rollout.device=cuda --set train.rollout.dtype=bfloat16 \
-  --set train.rollout.gpu_memory_utilization=0.3 --set train.rollout_num_gpus=0.5 \
-  --set train.learner.device=cuda --set train.learner.dtype=bfloat16 --set train.learner.num_gpus_per_worker=0.5 \
-  --set train.rollout.weight_transfer=gloo
-"$py" - "$out/run" <<'PY'
-import json, sys
-run = sys.argv[1]
-history = json.load(open(f"{run}/history.json"))["history"]
-assert len(history) == 3, history
-sync = [h["time/weight_sync_s"] for h in history]
-assert all(s > 0 for s in sync), sync
-print(f"GRPO on GPU: 3 steps, weight sync {', '.join(f'{s:.2f}' for s in sync)} s, "
-      f"reward {history[-1].get('reward/mean')}")
-PY
-if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then   # vLLM's nccl engine: learner and engine on two GPUs
-  timeout 300 "$py" -m pr_rlhf.cli train recipes/grpo_tiny.yaml --out "$out/run_nccl" \
-    --set train.steps=2 --set train.prompts_per_step=4 --set train.group_size=4 --set train.max_tokens=32 \
-    --set train.eval_every=2 --set train.checkpoint_every=2 --set train.warmup_sft_steps=0 \
+# grpo RUN STEPS GPUS_EACH SECONDS [--set ...]: GRPO of the tiny recipe with a CUDA vLLM rollout and a CUDA learner
+grpo() {
+  local run=$1 steps=$2 gpus=$3 seconds=$4; shift 4
+  timeout "$seconds" "$py" -m pr_rlhf.cli train recipes/grpo_tiny.yaml --out "$out/$run" \
+    --set train.steps="$steps" --set train.prompts_per_step=4 --set train.group_size=4 --set train.max_tokens=32 \
+    --set train.eval_every="$steps" --set train.checkpoint_every="$steps" --set train.warmup_sft_steps=0 \
     --set train.data.shards="$out/shards" --set train.data.heldout_prompts=4 --set train.eval_samples=2 \
     --set train.rollout.backend=vllm --set train.rollout.device=cuda --set train.rollout.dtype=bfloat16 \
-    --set train.rollout.gpu_memory_utilization=0.3 --set train.rollout_num_gpus=1 \
-    --set train.learner.device=cuda --set train.learner.dtype=bfloat16 --set train.learner.num_gpus_per_worker=1
-  echo "GRPO with the nccl weight transfer: 2 steps done"
+    --set train.rollout.gpu_memory_utilization=0.3 --set train.rollout_num_gpus="$gpus" \
+    --set train.learner.device=cuda --set train.learner.dtype=bfloat16 \
+    --set train.learner.num_gpus_per_worker="$gpus" "$@"
+  "$py" - "$out/$run" "$steps" <<'PY'
+import json, sys
+run, steps = sys.argv[1], int(sys.argv[2])
+history = json.load(open(f"{run}/history.json"))["history"]
+assert len(history) == steps, history
+sync = [h["time/weight_sync_s"] for h in history]
+assert all(s > 0 for s in sync), sync
+print(f"GRPO on GPU ({run}): {steps} steps, weight sync {', '.join(f'{s:.2f}' for s in sync)} s, "
+      f"reward {history[-1].get('reward/mean')}")
+PY
+}
+grpo run 3 0.5 480 --set train.rollout.weight_transfer=gloo   # one GPU shared: the gloo engine
+if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+  grpo run_nccl 2 1 300   # vLLM's nccl engine: the learner and the engine on a GPU each
 else
   echo "one GPU: vLLM's nccl weight transfer (learner and engine on two GPUs) not exercised"
 fi
