@@ -26,8 +26,8 @@ def test_sweep_pools_once_scores_once_and_resumes(ray_cluster, tmp_path):  # noq
 
     shards = tmp_path / "data"
     ensure_world_shards(shards, WORLD)
-    cfg = BoNConfig(policy=engine_config(backend="vllm", model="tiny", max_model_len=512), shards=str(shards), prompts=3, n=4,
-                    max_tokens=12, prompts_per_call=2, out=str(tmp_path / "bon"),
+    cfg = BoNConfig(policy=engine_config(backend="vllm", model="tiny", max_model_len=512), shards=str(shards),
+                    prompts=3, n=4, max_tokens=12, prompts_per_call=2, out=str(tmp_path / "bon"),
                     reward_models={"gold": reward_config(kind="gold", world=WORLD),
                                    "prior": reward_config(kind="world_estimate", estimator="no_history", world=WORLD),
                                    "listed": reward_config(kind="gold", world=WORLD, normalize=True)},
