@@ -10,6 +10,8 @@ Every scorer is a :class:`Scorer`: its own :meth:`~Scorer.evaluate` (one :class:
 - ``rubric``: the rubric judge (0/1/2 per aspect of ``meta["rubric"]``, mean / 2); a request without a rubric is an
   error (``no_aspects``).
 - ``scalar``: :class:`~pr_rlhf.reward.scalar.ScalarRM` on (user block + question, response).
+- ``bt_embedding`` / ``pal`` / ``lore`` / ``vpl`` / ``gpo``: a reward model on frozen text embeddings
+  (:mod:`pr_rlhf.embedrm`), the user from the learned seen users or the request's history pairs.
 - ``genrm`` / ``http``: a generative RM on an engine (local, or OpenAI-compatible HTTP for ``http``).
   ``sec_reference`` (default): a request carries a reference answer (``meta["reference"]``, e.g. the SFT policy's
   or the dataset's answer); the P-GenRM SEC prompt shows the response as response_1 and the reference as
@@ -34,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pr_rlhf.configs.reward import RewardConfig
+from pr_rlhf.configs.reward import EMBEDDING_KINDS, RewardConfig
 from pr_rlhf.reward.inputs import RMInput
 
 Score = tuple[float | None, str | None]  # (reward, error kind/message): exactly one of them is None
@@ -362,6 +364,37 @@ class RubricScorer(Scorer):
             self.engine.close()
 
 
+class EmbeddingScorer(Scorer):
+    """A trained embedding reward model (``bt_embedding``, ``pal``, ``lore``, ``vpl``, ``gpo``;
+    :mod:`pr_rlhf.embedrm`): the request's user is the seen user the model learned, or is read from the request's
+    history pairs (``meta["history"]``), else the population's prior."""
+
+    def __init__(self, cfg: RewardConfig, embedder: Any = None):
+        from pr_rlhf.embedrm.scoring import EmbeddingRewarder
+
+        self.rewarder = EmbeddingRewarder(cfg.model, embedder=embedder or cfg.embedder, kind=cfg.kind,
+                                          history_pairs=cfg.history_pairs, adapt_steps=cfg.adapt_steps)
+
+    def evaluate(self, requests: Sequence[RewardRequest]) -> list[Evaluation]:
+        from pr_rlhf.embedrm.scoring import ScoreItem
+        from pr_rlhf.embedrm.train import EmbeddingDataError
+
+        out: list[Evaluation | None] = [None] * len(requests)
+        items, rows = [], []
+        for i, r in enumerate(requests):
+            history = (r.meta or {}).get("history") or []
+            try:
+                self.rewarder.read_history(history)   # a malformed history is this request's error, not the batch's
+            except EmbeddingDataError as exc:
+                out[i] = Evaluation(None, f"bad_history: {exc}")
+                continue
+            items.append(ScoreItem(r.user_id, r.question, r.response, [dict(h) for h in history]))
+            rows.append(i)
+        for i, value in zip(rows, self.rewarder.rewards(items)):
+            out[i] = Evaluation((value,))
+        return [e for e in out if e is not None]
+
+
 def build_scaled_judge(cfg: RewardConfig, engine: Any) -> Any:
     """A ScaledJudge for a reward worker: prototypes loaded from their artifacts (for the configured embedder),
     the member users' histories from ``scaling_members``."""
@@ -401,4 +434,6 @@ def build_scorer(cfg: RewardConfig) -> Scorer:
         return GenRMScorer(cfg)
     if cfg.kind == "rubric":
         return RubricScorer(cfg)
+    if cfg.kind in EMBEDDING_KINDS:
+        return EmbeddingScorer(cfg)
     raise ValueError(f"unknown reward kind {cfg.kind!r}")

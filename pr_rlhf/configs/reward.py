@@ -29,6 +29,11 @@ fields are typed :data:`RewardConfig` (the union) and code builds one with :func
   (``meta["rubric"]``; with ``meta["narrative"]``), all aspects in one call (``rubric_mode="all"``) or one call per
   aspect as LaMP-QA's evaluator (``"per_aspect"``); the reward is the mean grade / 2 in [0, 1]. Any engine backend
   (a local model, or an OpenAI-compatible server).
+- ``"bt_embedding"``, ``"pal"``, ``"lore"``, ``"vpl"``, ``"gpo"`` (:class:`EmbeddingRewardConfig`): a reward model
+  on frozen text embeddings trained by ``pr-rlhf leaderboard`` (:mod:`pr_rlhf.embedrm`): the global Bradley-Terry
+  floor, PAL, LoRe, VPL, GPO. A request's user is the seen user the model learned, or is read from the request's
+  history pairs (``meta["history"]``: PAL and LoRe fit the user's weights on them, VPL encodes them, GPO attends to
+  them); with neither, the population's prior.
 """
 from __future__ import annotations
 
@@ -50,7 +55,9 @@ from pr_rlhf.configs.base import (
 from pr_rlhf.configs.scaling import ScalingConfig
 from pr_rlhf.configs.world import WorldConfig
 
-RewardKind = Literal["gold", "world_estimate", "scalar", "genrm", "http", "rubric"]
+RewardKind = Literal["gold", "world_estimate", "scalar", "genrm", "http", "rubric", "bt_embedding", "pal", "lore",
+                     "vpl", "gpo"]
+EMBEDDING_KINDS = ("bt_embedding", "pal", "lore", "vpl", "gpo")
 WORLD_ESTIMATORS = ("oracle", "logistic_regression", "no_history", "true_weights")
 
 
@@ -179,9 +186,43 @@ class RubricRewardConfig(RewardBase):
                                                                         "per aspect (LaMP-QA's evaluator)")
 
 
+class EmbeddingRewardConfig(RewardBase):
+    """A trained embedding reward model (one kind per method; the method of the folder must match the kind)."""
+
+    kind: str
+    model: str = Field(..., description="the folder of the trained model (config.json + model.safetensors)")
+    embedder: str = Field("minilm", description="the text encoder the model was trained on: 'minilm' or a local "
+                                                "encoder folder (pr_rlhf.models.embedders)")
+    history_pairs: int = Field(8, ge=0, description="the most history pairs of a request the user's state reads "
+                                                    "(the most recent)")
+    adapt_steps: int = Field(200, ge=1, description="pal / lore: optimizer steps fitting a new user's weights")
+
+
+class BTEmbeddingRewardConfig(EmbeddingRewardConfig):
+    kind: Literal["bt_embedding"] = "bt_embedding"
+
+
+class PALRewardConfig(EmbeddingRewardConfig):
+    kind: Literal["pal"] = "pal"
+
+
+class LoReRewardConfig(EmbeddingRewardConfig):
+    kind: Literal["lore"] = "lore"
+
+
+class VPLRewardConfig(EmbeddingRewardConfig):
+    kind: Literal["vpl"] = "vpl"
+
+
+class GPORewardConfig(EmbeddingRewardConfig):
+    kind: Literal["gpo"] = "gpo"
+
+
 REWARD_MEMBERS: dict[str, type[RewardBase]] = {
     "gold": GoldRewardConfig, "world_estimate": WorldEstimateRewardConfig, "scalar": ScalarRewardConfig,
-    "genrm": GenRMRewardConfig, "http": HTTPRewardConfig, "rubric": RubricRewardConfig}
+    "genrm": GenRMRewardConfig, "http": HTTPRewardConfig, "rubric": RubricRewardConfig,
+    "bt_embedding": BTEmbeddingRewardConfig, "pal": PALRewardConfig, "lore": LoReRewardConfig,
+    "vpl": VPLRewardConfig, "gpo": GPORewardConfig}
 REWARD_KINDS: tuple[str, ...] = tuple(REWARD_MEMBERS)
 RewardConfig = tagged_union(REWARD_MEMBERS, "kind", "gold", "reward")
 reward_config: Callable[..., RewardBase] = parser(RewardConfig)
