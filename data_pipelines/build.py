@@ -111,7 +111,11 @@ def ensure_world_shards(out: str | Path, world: WorldConfig, embedder: str = "bm
     manifest_path = Path(out) / MANIFEST
     if manifest_path.is_file():
         built = json.loads(manifest_path.read_text()).get("config", {})
-        if built.get("world") != world.model_dump(mode="json"):
+        try:   # a manifest written before a world field existed holds that field's default
+            same = WorldConfig.model_validate(built.get("world") or {}) == world
+        except ValueError:
+            same = False
+        if not same:
             raise ValueError(f"{out}: holds shards of another world than the recipe's; choose another shards "
                              f"directory for it or delete this one")
         return False

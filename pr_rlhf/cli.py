@@ -588,6 +588,31 @@ def run_bon_stage(recipe: Recipe, address: Optional[str] = None) -> dict:
     return report
 
 
+@app.command()
+def leaderboard(recipe: Path = typer.Argument(..., help="recipe YAML with a leaderboard: section"),
+                overrides: Optional[List[str]] = OverridesOpt,
+                out: Optional[Path] = typer.Option(None, "--out", "-o", help="run directory (default: "
+                                                                             "leaderboard.out)"),
+                address: Optional[str] = typer.Option(None, help="Ray address (default: $RAY_ADDRESS or a local "
+                                                                 "Ray)")):
+    """The field's personalized reward models (global BT, PAL, LoRe, VPL, GPO on frozen embeddings) trained on the
+    same pairs and evaluated on the same pairs as the world's references and reused results (P-GenRM's): accuracy
+    with user-resampled CIs, seen and cold-start users, paired differences, per world and pooled (resumes)."""
+    import json
+
+    rec = _recipe(recipe, [*(overrides or []), *([f"leaderboard.out={json.dumps(str(out))}"] if out else [])])
+    if rec.leaderboard is None:
+        _fail(f"{recipe}: no leaderboard: section (see recipes/leaderboard.yaml)")
+    from workers.leaderboard import run_leaderboard
+
+    cfg = rec.leaderboard
+    console.rule(f"[bold]leaderboard[/] {', '.join(cfg.methods)} on worlds {cfg.worlds} -> {cfg.out}")
+    result = run_leaderboard(rec, address, log=lambda m: console.print(m, highlight=False))
+    for name in ("leaderboard", "development"):
+        if name in result:
+            console.print(Path(cfg.out, f"{name}.md").read_text(), highlight=False)
+
+
 @app.command("serve-reward")
 def serve_reward(recipe: Path = typer.Argument(..., help="recipe YAML with a serve: section"),
                  overrides: Optional[List[str]] = OverridesOpt,

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-COMMANDS = ("train", "rl-sweep", "pgenrm", "bon", "train-rm")
+COMMANDS = ("train", "rl-sweep", "pgenrm", "bon", "train-rm", "leaderboard")
 BUILTIN = ("CPU", "GPU")
 
 
@@ -158,9 +158,10 @@ def actor_groups(recipe: Any, command: str, cluster_gpus: float = 0.0) -> list[A
     if command not in COMMANDS:
         raise ValueError(f"unknown command {command!r} (one of {COMMANDS})")
     section = {"train": recipe.train, "rl-sweep": recipe.train, "pgenrm": recipe.pgenrm, "bon": recipe.bon,
-               "train-rm": recipe.rm}[command]
+               "train-rm": recipe.rm, "leaderboard": recipe.leaderboard}[command]
     if section is None:
-        name = {"train": "train", "rl-sweep": "train", "pgenrm": "pgenrm", "bon": "bon", "train-rm": "rm"}[command]
+        name = {"train": "train", "rl-sweep": "train", "pgenrm": "pgenrm", "bon": "bon", "train-rm": "rm",
+                "leaderboard": "leaderboard"}[command]
         raise ResourceError(f"the recipe has no {name}: section")
     if command == "train":
         return _train_groups(section, recipe.reward, "reward", "rl", cluster_gpus)
@@ -190,6 +191,14 @@ def actor_groups(recipe: Any, command: str, cluster_gpus: float = 0.0) -> list[A
             groups.append(_pool(reward, f"bon.reward_models.{name}", f"score {name}"))
         groups.append(_pool(section.downstream, "bon.downstream", "score downstream"))
         return groups
+    if command == "leaderboard":   # one training task per method (one CPU each), then the scoring pool
+        pool = section.pool
+        bundle = _bundle(pool.num_cpus, pool.num_gpus, pool.resources)
+        return [ActorGroup("leaderboard training task", _fields(*["leaderboard.methods"] * 3), (_bundle(1, 0),),
+                           "training"),
+                ActorGroup("leaderboard pool", _fields("leaderboard.pool.num_cpus", "leaderboard.pool.num_gpus",
+                                                       "leaderboard.pool.resources"),
+                           tuple(dict(bundle) for _ in range(pool.workers)), "scoring")]
     # train-rm: the learner, then the evaluation task (its scalar RM, and the planner of mode 'plan')
     groups = [_learner(section.learner, "rm.learner", "training", cluster_gpus)]
     gpus = 1.0 if section.eval.device == "cuda" else 0.0

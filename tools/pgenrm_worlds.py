@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pr_rlhf.pgenrm.worlds import OUTCOMES_FILE, Endpoint, WorldOutcomes, analyse, forest_plot, markdown, moderator  # noqa: E402
+from pr_rlhf.eval.worlds import OUTCOMES_FILE, Endpoint, WorldOutcomes, analyse, forest_plot, markdown, moderator  # noqa: E402
 
 RECIPE = "recipes/pgenrm_pipeline.yaml"
 RUNS_REL = Path("runs") / "pgenrm_worlds"   # the commands run from the repository root

@@ -90,7 +90,7 @@ def reanalyse_rl() -> None:
 
 def reanalyse_pgenrm() -> None:
     from pr_rlhf.eval.report import PairOutcomes, paired_gain
-    from pr_rlhf.pgenrm.worlds import WorldOutcomes
+    from pr_rlhf.eval.worlds import WorldOutcomes
     from pr_rlhf.stats import mean_ci
 
     for folder, (recipe, lost) in PGENRM_RUNS.items():

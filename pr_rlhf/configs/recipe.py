@@ -30,6 +30,7 @@ from pr_rlhf.configs.base import (
 )
 from pr_rlhf.configs.bon import BoNConfig
 from pr_rlhf.configs.inherit import Declared, fill_children
+from pr_rlhf.configs.leaderboard import LeaderboardConfig
 from pr_rlhf.configs.pgenrm import PGenRMConfig
 from pr_rlhf.configs.reward import REWARD_MEMBERS, RewardConfig, reward_config
 from pr_rlhf.configs.rl import RLConfig, RLSweepConfig
@@ -170,6 +171,8 @@ class Recipe(StrictModel):
     scaling: ScalingEvalConfig | None = Field(None, description="test-time scaling grid: `pr-rlhf scaling`")
     bon: BoNConfig | None = Field(None, description="Best-of-N sweep: `pr-rlhf bon`")
     serve: ServeConfig | None = Field(None, description="the reward service: `pr-rlhf serve-reward`")
+    leaderboard: LeaderboardConfig | None = Field(None, description="personalized reward models on the same "
+                                                                    "pairs: `pr-rlhf leaderboard`")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @model_validator(mode="after")

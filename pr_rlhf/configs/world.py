@@ -43,13 +43,17 @@ class WorldConfig(BaseModel):
                                "what most users agree on (0 = no consensus). RL worlds set it so that a policy "
                                "can also improve for users it knows nothing about.")
     users: int = Field(200, ge=1, description="Number of seen users (history + val + test pairs).")
-    cold_start_users: int = Field(40, ge=0, description="Number of cold-start users (1 history pair + test pairs).")
+    cold_start_users: int = Field(40, ge=0, description="Number of cold-start users (`cold_start_history` history "
+                                                        "pairs + test pairs).")
     history_size: int = Field(
         8, ge=1, description="Train (history) pairs per seen user. 8 lets later code subsample histories of "
                              "1..8; the reference accuracies use the first `h` (default 3).")
     val_pairs_per_user: int = Field(2, ge=0, description="Val pairs per seen user.")
     test_pairs_per_user: int = Field(4, ge=0, description="Test pairs per seen user.")
     cold_start_test_pairs: int = Field(4, ge=1, description="Test pairs per cold-start user.")
+    cold_start_history: int = Field(1, ge=1, description="Train (history) pairs per cold-start user: 1 in every "
+                                                         "world so far; more for a few-shot curve (seen users' "
+                                                         "pairs do not change with it).")
     user_noise: float = Field(0.2, ge=0, description="Std of a user's weights around their archetype's.")
     utility_noise: float = Field(0.15, ge=0, description="Std of the per-response noise in utility = w.x + noise.")
     min_differing_attributes: int = Field(

@@ -1,8 +1,8 @@
 """Training the embedding reward models (:mod:`pr_rlhf.embedrm.methods`) on users' pairs, deterministic under a
 seed, and saving / loading them (a folder: ``config.json`` + ``model.safetensors``).
 
-- ``bt_embedding``, ``pal``, ``lore`` learn from mini-batches of pairs: the global reward, or each seen user's weights and
-  the shared prototypes / basis together.
+- ``bt_embedding``, ``pal``, ``lore`` learn from mini-batches of pairs: the global reward, or each seen user's
+  weights and the shared prototypes / basis together.
 - ``vpl``, ``gpo`` are meta-trained over users: each step takes some users and splits each one's pairs at random
   into a context (1 to k-1 pairs) and targets (the rest); the loss is the Bradley-Terry likelihood of the targets
   given the context (VPL adds the latent's KL to its prior, annealed in over the first half of training).

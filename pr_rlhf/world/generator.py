@@ -210,7 +210,7 @@ def _draw_user(config: WorldConfig, archetypes: np.ndarray, index: int) -> World
 
 def _splits_of(config: WorldConfig, cold_start: bool) -> list[str]:
     if cold_start:
-        return ["train"] + ["test"] * config.cold_start_test_pairs
+        return ["train"] * config.cold_start_history + ["test"] * config.cold_start_test_pairs
     return (["train"] * config.history_size + ["val"] * config.val_pairs_per_user
             + ["test"] * config.test_pairs_per_user)
 

@@ -1,4 +1,4 @@
-"""The multi-world analysis (pr_rlhf.pgenrm.worlds) and the user-clustered paired gain it and every report use."""
+"""The multi-world analysis (pr_rlhf.eval.worlds) and the user-clustered paired gain it and every report use."""
 import json
 import shutil
 from pathlib import Path
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pr_rlhf.eval.report import PairOutcomes, paired_gain
-from pr_rlhf.pgenrm.worlds import Endpoint, WorldOutcomes, analyse, forest_plot, moderator, pool, world_difference
+from pr_rlhf.eval.worlds import Endpoint, WorldOutcomes, analyse, forest_plot, moderator, pool, world_difference
 
 ROOT = Path(__file__).resolve().parents[2]
 

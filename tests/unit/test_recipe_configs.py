@@ -55,7 +55,7 @@ ADDED_PGENRM_FIELDS = {"teacher": "votes", "label_filter": True, "hard_kind": "o
 # Added after the baseline: the root's Bradley-Terry section (no baseline recipe has one), an RL run's downstream
 # scorer (none: the held-out evaluations are scored by the reward alone, as before) and what a learner trains (the
 # policy, as every learner did before).
-ADDED_ROOT_SECTIONS = {("rm",), ("train", "downstream"), ("rl_sweep",)}
+ADDED_ROOT_SECTIONS = {("rm",), ("train", "downstream"), ("rl_sweep",), ("leaderboard",)}
 ADDED_TRAIN_FIELDS = {"warmup_sft_target": "answers", "reward_failures": "raise", "warm_start_cache": None}
 # Added after the baseline: strict text decoding (issue 40: undecodable bytes make a record invalid, which no
 # shipped data holds) and the reward service's user store (off unless a recipe sets it)
@@ -70,6 +70,8 @@ ADDED_LEARNER_FIELDS = {"trains": "policy", "weight_sync_bucket_mb": 256,
 # The evaluation's named models (none: only the section's own, as before) and the section's name beside them; the
 # quickstart recipes, which use them, were re-dumped into the baseline.
 ADDED_EVAL_FIELDS = {"models": {}, "label": "base"}
+# World fields added after the baseline, with the value every world had before
+ADDED_WORLD_FIELDS = {"cold_start_history": 1}
 # vLLM engine fields added after the baseline (issue 38). enforce_eager None: eager on CPU, as every engine was
 # built before; CUDA graphs on GPU (issue 49, on purpose). weight_transfer auto: gloo on CPU, nccl on GPU, the
 # backends the weight sync used before.
@@ -164,6 +166,9 @@ def test_every_recipe_resolves_to_its_effective_settings_before(name):
             continue
         if path[0] in ("pgenrm", "scaling", "reward") and path[-1] in ADDED_PGENRM_FIELDS:
             assert now_leaves[path] == ADDED_PGENRM_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"
+            continue
+        if path[-1] in ADDED_WORLD_FIELDS:
+            assert now_leaves[path] == ADDED_WORLD_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"
             continue
         if path[-1] in ADDED_VLLM_FIELDS:
             assert now_leaves[path] == ADDED_VLLM_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"

@@ -1,0 +1,92 @@
+"""`pr-rlhf leaderboard`: the field's personalized reward models and this project's own on the same pairs.
+
+Imports pydantic only. The driver is ``workers/leaderboard.py``, the table ``pr_rlhf/leaderboard``.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import Field, model_validator
+
+from pr_rlhf.configs.base import StrictModel
+from pr_rlhf.configs.reward import EMBEDDING_KINDS, RewardPoolConfig
+from pr_rlhf.configs.world import WorldConfig
+
+REFERENCE_ROWS = ("oracle", "logistic_regression", "no_history")
+
+
+class EmbeddingTrainConfig(StrictModel):
+    """How every embedding method trains (pr_rlhf.embedrm.train.TrainSettings)."""
+
+    steps: int = Field(1000, ge=1)
+    batch_size: int = Field(64, ge=1, description="pairs per step (bt_embedding, pal, lore)")
+    users_per_step: int = Field(16, ge=1, description="episodes per step (vpl, gpo)")
+    lr: float = Field(3e-3, gt=0)
+    user_lr: float = Field(3e-2, gt=0, description="pal, lore: the seen users' weights")
+    weight_decay: float = Field(1e-4, ge=0)
+    kl_weight: float = Field(0.01, ge=0, description="vpl: the KL term's final weight")
+
+
+class FewShotConfig(StrictModel):
+    """Cold-start users given k of their pairs: every embedding method's accuracy on their test pairs, per k."""
+
+    ks: list[int] = Field(default_factory=lambda: [0, 1, 2, 4, 8], description="pairs given to each cold user")
+    cold_start_history: int = Field(8, ge=1, description="train pairs each cold user has in the few-shot worlds "
+                                                         "(the largest k needs at least that many)")
+
+    @model_validator(mode="after")
+    def _ks_fit(self) -> FewShotConfig:
+        if not self.ks or min(self.ks) < 0 or max(self.ks) > self.cold_start_history:
+            raise ValueError(f"few_shot.ks {self.ks}: each between 0 and cold_start_history "
+                             f"({self.cold_start_history})")
+        return self
+
+
+class LeaderboardConfig(StrictModel):
+    INHERITED: ClassVar[tuple[str, ...]] = ("seed", "out")
+
+    seed: int = 0
+    worlds: list[int] = Field(default_factory=lambda: [2, 3, 4, 5], description="the reported worlds' seeds")
+    development_worlds: list[int] = Field(default_factory=lambda: [0], description="worlds the settings were "
+                                                                                     "chosen on: reported apart")
+    world: WorldConfig = Field(default_factory=WorldConfig, description="every world's settings; its seed is "
+                                                                        "replaced by each world's")
+    methods: dict[str, dict[str, Any]] = Field(
+        default_factory=lambda: {m: {} for m in EMBEDDING_KINDS},
+        description="embedding methods to train and evaluate (kind -> its own settings, e.g. pal: {prototypes: "
+                    "3, variant: points})")
+    train: EmbeddingTrainConfig = Field(default_factory=EmbeddingTrainConfig)
+    embedder: str = Field("minilm", description="the frozen text encoder of every embedding method")
+    reuse: dict[str, str] = Field(
+        default_factory=dict, description="arms whose per-pair outcomes are read, not recomputed: name -> "
+        "'<file with {world}>:<arm>' of a WorldOutcomes file (e.g. P-GenRM's committed study: "
+        "docs/results/pgenrm_worlds/w{world}/outcomes.json:curriculum); a world without the file has no such arm")
+    references: list[str] = Field(default_factory=lambda: list(REFERENCE_ROWS),
+                                  description="the world's reference predictors as rows (3 history pairs, and "
+                                              "for seen users every train pair)")
+    baseline: str = Field("bt_embedding", description="every method's paired difference is taken against it")
+    against: str | None = Field(None, description="a second row every method is compared with (P-GenRM's)")
+    few_shot: FewShotConfig | None = Field(None, description="the few-shot curve of cold-start users")
+    pool: RewardPoolConfig = Field(default_factory=RewardPoolConfig, description="the reward workers that score")
+    n_bootstrap: int = Field(2000, ge=10)
+    out: str = "runs/leaderboard"
+
+    @model_validator(mode="after")
+    def _known_names(self) -> LeaderboardConfig:
+        unknown = sorted(set(self.methods) - set(EMBEDDING_KINDS))
+        if unknown:
+            raise ValueError(f"methods: {unknown} are not embedding methods ({', '.join(EMBEDDING_KINDS)})")
+        unknown = sorted(set(self.references) - set(REFERENCE_ROWS))
+        if unknown:
+            raise ValueError(f"references: {unknown}; known: {', '.join(REFERENCE_ROWS)}")
+        for name, spec in self.reuse.items():
+            if ":" not in spec or "{world}" not in spec.split(":", 1)[0]:
+                raise ValueError(f"reuse.{name}: {spec!r} is not '<file with {{world}}>:<arm>'")
+        rows = {*self.methods, *self.reuse}
+        for field in ("baseline", "against"):
+            value = getattr(self, field)
+            if value is not None and value not in rows:
+                raise ValueError(f"{field} {value!r} is neither a method nor a reused arm")
+        if set(self.worlds) & set(self.development_worlds):
+            raise ValueError("a development world cannot also be a reported world")
+        return self

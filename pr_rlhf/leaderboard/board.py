@@ -1,0 +1,144 @@
+"""The leaderboard's table: every row's accuracy on the same pairs, seen and cold-start users apart, per world and
+pooled over worlds, and each row's paired difference against the baseline (the global Bradley-Terry floor) and
+against a second row (P-GenRM).
+
+Everything is a paired difference of per-pair outcomes (:mod:`pr_rlhf.eval.worlds`): a row's accuracy is its
+difference from a row of zeros, so that accuracies and gains get the same treatment -- per world a 95% bootstrap CI
+that resamples **users** (a user's pairs share their history and move together), pooled over worlds the
+fixed-effect (inverse-variance) estimate with the bootstrap stratified by world, beside it the random-effects one
+and I^2.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pr_rlhf.eval.worlds import Endpoint, WorldOutcomes, analyse
+
+GROUPS = ("seen", "cold")
+ZERO = "_zero"   # a row of zeros: a row's accuracy is its difference from it
+
+
+def _with_zero(worlds: Sequence[WorldOutcomes]) -> list[WorldOutcomes]:
+    out = []
+    for w in worlds:
+        arms = {**w.arms, ZERO: [0.0] * len(w.pairs)}
+        out.append(WorldOutcomes(w.world, w.pairs, w.users, w.groups, w.contested, arms, w.meta))
+    return out
+
+
+def _endpoints(rows: Sequence[str], baseline: str | None, against: str | None) -> list[tuple[str, str, Endpoint]]:
+    """(row, measure, endpoint): each row's accuracy and its differences, per group."""
+    out = []
+    for row in rows:
+        for group in GROUPS:
+            out.append((row, f"accuracy_{group}", Endpoint(f"{row} accuracy ({group})", row, ZERO, group)))
+            for measure, other in (("vs_baseline", baseline), ("vs_against", against)):
+                if other is not None and other != row:
+                    out.append((row, f"{measure}_{group}", Endpoint(f"{row} - {other} ({group})", row, other, group)))
+    return out
+
+
+def build_board(worlds: Sequence[WorldOutcomes], rows: Sequence[str], *, baseline: str | None,
+                against: str | None, n_bootstrap: int = 2000, seed: int = 0,
+                costs: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
+    """JSON-ready: for each row and measure (``accuracy_seen``, ``vs_baseline_cold``, ...) each world's estimate and
+    the pooled ones; ``costs`` (row -> train / scoring seconds) ride along."""
+    padded = _with_zero(worlds)
+    plan = _endpoints(rows, baseline, against)
+    analysis = analyse(padded, [ep for _, _, ep in plan], n_bootstrap=n_bootstrap, seed=seed)
+    table: dict[str, dict[str, Any]] = {row: {} for row in rows}
+    for row, measure, ep in plan:
+        table[row][measure] = analysis[ep.name]
+    return {"worlds": [w.world for w in worlds], "rows": list(rows), "baseline": baseline, "against": against,
+            "table": table, "costs": {k: dict(v) for k, v in (costs or {}).items()}}
+
+
+def _cell(entry: Mapping[str, Any] | None, signed: bool = False) -> str:
+    if not entry or not entry.get("pooled", {}).get("worlds"):
+        return "-"
+    fixed = entry["pooled"]["fixed"]
+    fmt = "{:+.1f}" if signed else "{:.1f}"
+    return f"{fmt.format(100 * fixed['gain'])} [{fmt.format(100 * fixed['ci_low'])}, " \
+           f"{fmt.format(100 * fixed['ci_high'])}]"
+
+
+def _world_cell(entry: Mapping[str, Any] | None, world: int, signed: bool = False) -> str:
+    for w in (entry or {}).get("worlds", []):
+        if w["world"] == world:
+            fmt = "{:+.1f}" if signed else "{:.1f}"
+            return f"{fmt.format(100 * w['gain'])} [{fmt.format(100 * w['ci_low'])}, {fmt.format(100 * w['ci_high'])}]"
+    return "-"
+
+
+def markdown(board: Mapping[str, Any], labels: Mapping[str, str] | None = None, title: str = "Leaderboard") -> str:
+    """The pooled table (accuracy %, 95% CI resampling users, fixed effect over the worlds), then one table per
+    world."""
+    labels = labels or {}
+    base, other = board["baseline"], board["against"]
+    head = ["row", "seen users", "cold-start users"]
+    if base:
+        head += [f"seen: - {labels.get(base, base)}", f"cold: - {labels.get(base, base)}"]
+    if other:
+        head += [f"seen: - {labels.get(other, other)}", f"cold: - {labels.get(other, other)}"]
+    head += ["train s", "score s"]
+    lines = [f"## {title}", "", f"Worlds {', '.join(map(str, board['worlds']))}; accuracy % (and differences in "
+             "points) with 95% CIs resampling users, pooled over the worlds by inverse variance (fixed effect).",
+             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in board["rows"]:
+        t = board["table"][row]
+        cells = [labels.get(row, row), _cell(t.get("accuracy_seen")), _cell(t.get("accuracy_cold"))]
+        if base:
+            cells += [_cell(t.get("vs_baseline_seen"), True), _cell(t.get("vs_baseline_cold"), True)]
+        if other:
+            cells += [_cell(t.get("vs_against_seen"), True), _cell(t.get("vs_against_cold"), True)]
+        cost = board["costs"].get(row, {})
+        cells += [f"{cost['train_s']:.0f}" if "train_s" in cost else "-",
+                  f"{cost['score_s']:.0f}" if "score_s" in cost else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    for world in board["worlds"]:
+        lines += ["", f"### World {world}", "", "| row | seen users | cold-start users |" +
+                  (f" seen: - {labels.get(base, base)} |" if base else ""), "|---|---|---|" + ("---|" if base else "")]
+        for row in board["rows"]:
+            t = board["table"][row]
+            cells = [labels.get(row, row), _world_cell(t.get("accuracy_seen"), world),
+                     _world_cell(t.get("accuracy_cold"), world)]
+            if base:
+                cells.append(_world_cell(t.get("vs_baseline_seen"), world, True))
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(board: Mapping[str, Any], path: str | Path, labels: Mapping[str, str] | None = None) -> Path | None:
+    """Pooled accuracy with its CI per row, seen and cold-start users side by side."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    labels = labels or {}
+    rows = list(board["rows"])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * len(rows) + 1.6), sharey=True)
+    for ax, group in zip(axes, GROUPS):
+        for y, row in enumerate(rows):
+            entry = board["table"][row].get(f"accuracy_{group}") or {}
+            fixed = entry.get("pooled", {}).get("fixed")
+            if not fixed:
+                continue
+            ax.errorbar(100 * fixed["gain"], y, xerr=[[100 * (fixed["gain"] - fixed["ci_low"])],
+                                                      [100 * (fixed["ci_high"] - fixed["gain"])]],
+                        fmt="o", color="tab:blue" if row in board["table"] else "gray", capsize=3)
+        ax.axvline(50, color="gray", lw=0.8, ls=":")
+        ax.set_title({"seen": "seen users", "cold": "cold-start users"}[group])
+        ax.set_xlabel("accuracy % (95% CI, users resampled, pooled over worlds)")
+    axes[0].set_yticks(range(len(rows)), [labels.get(r, r) for r in rows])
+    axes[0].invert_yaxis()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

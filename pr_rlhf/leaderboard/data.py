@@ -1,0 +1,76 @@
+"""What the leaderboard trains on and evaluates, from a synthetic world: the seen users' train pairs, and the
+evaluation pairs (seen users' val + test, cold-start users' test: the P-GenRM study's groups) each with the user's
+pairs a method is given, and the world's reference predictors on the same pairs."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pr_rlhf.embedrm.scoring import pair_text
+from pr_rlhf.embedrm.train import PairData
+from pr_rlhf.world.generator import World, WorldPair
+from pr_rlhf.world.reference import held_out_by_user, reference_scores
+
+# group -> (users, splits): the evaluation pairs, as the P-GenRM study's outcomes hold them
+GROUPS = {"seen": ("seen", ("val", "test")), "cold": ("cold_start", ("test",))}
+
+
+@dataclass
+class Item:
+    """An evaluation pair and the user's pairs a method is given about its user (oldest first)."""
+
+    pair_id: str
+    user_id: str
+    group: str
+    question: str
+    chosen: str
+    rejected: str
+    history: list[dict] = field(default_factory=list)
+
+
+def history_of(pairs: Sequence[WorldPair]) -> list[dict]:
+    return [{"question": p.question, "chosen": p.chosen, "rejected": p.rejected} for p in pairs]
+
+
+def evaluation_items(world: World, seen_history: int | None = None, cold_history: int | None = None) -> list[Item]:
+    """Every evaluation pair in world order, seen users' then cold-start users' (as ``held_out_by_user`` orders
+    them), each with the user's first ``*_history`` train pairs (None: all of them)."""
+    out = []
+    for group, (users, splits) in GROUPS.items():
+        size = seen_history if group == "seen" else cold_history
+        for user, held_out in held_out_by_user(world, users, splits):
+            history = history_of(world.history(user.user_id, size))
+            out += [Item(p.pair_id, p.user_id, group, p.question, p.chosen, p.rejected, history) for p in held_out]
+    return out
+
+
+def training_pairs(world: World) -> list[WorldPair]:
+    """Every seen user's train pairs (cold-start users never train anything)."""
+    return [p for u in world.users if not u.cold_start for p in world.pairs_of(u.user_id, "train")]
+
+
+def embed_training(pairs: Sequence[WorldPair], embedder) -> PairData:
+    texts = [pair_text(p.question, side) for p in pairs for side in (p.chosen, p.rejected)]
+    vectors = np.asarray(embedder.encode(texts), dtype=np.float32)
+    return PairData.from_arrays([p.user_id for p in pairs], [p.pair_id for p in pairs], vectors[0::2],
+                                vectors[1::2], source="the world's training pairs")
+
+
+def reference_outcomes(world: World, predictors: Sequence[str]) -> dict[str, dict[str, float]]:
+    """``row -> pair id -> 1 / 0.5 / 0`` for each reference predictor on the evaluation pairs: with the user's first
+    3 train pairs (``<name>``, P-GenRM's history) and, for seen users, all of them (``<name>@all``: what the
+    embedding methods learn a seen user from)."""
+    out: dict[str, dict[str, float]] = {}
+    histories = {"": 3, "@all": world.config.history_size}
+    for suffix, size in histories.items():
+        for group, (users, splits) in GROUPS.items():
+            names = [n for n in predictors if not (suffix and n == "no_history")]   # the prior reads no pairs
+            if suffix and group == "cold" or not names:
+                continue
+            scores = reference_scores(world, size, users=users, splits=splits, predictors=tuple(names))
+            for name in names:
+                row = out.setdefault(name + suffix, {})
+                row.update(zip(scores["pair_ids"], (float(v) for v in scores[name])))
+    return out

@@ -1,0 +1,248 @@
+"""`pr-rlhf leaderboard RECIPE`: the embedding methods trained on each world's seen users (one Ray task per method),
+scored on the world's evaluation pairs through reward pools (each method is a reward kind), beside the world's
+reference predictors and reused committed outcomes (P-GenRM's), in one table (``pr_rlhf.leaderboard.board``).
+
+Under ``<out>``: ``w<seed>/`` per world (``train.npz``: the training pairs' embeddings; ``models/<method>/``, each
+COMPLETE when trained; ``arms/<method>.json``: its per-pair outcomes and seconds; ``outcomes.json``: every row's
+per-pair outcomes with user ids), then ``leaderboard.{json,md,png}`` over the reported worlds and
+``development.{json,md}`` over the development worlds, and ``few_shot.{json,md,png}``. A rerun redoes nothing that
+is there: a trained model, a scored method.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pr_rlhf.configs.leaderboard import LeaderboardConfig
+from pr_rlhf.eval.worlds import WorldOutcomes
+from pr_rlhf.files import atomic_write_text, is_complete, mark_complete
+from pr_rlhf.leaderboard import board as table
+from pr_rlhf.leaderboard.data import (
+    Item,
+    embed_training,
+    evaluation_items,
+    reference_outcomes,
+    training_pairs,
+)
+from pr_rlhf.world import build_world
+
+LABELS = {"bt_embedding": "global BT (embeddings)", "pal": "PAL", "lore": "LoRe", "vpl": "VPL", "gpo": "GPO",
+          "oracle": "Bayes oracle (3 pairs)", "logistic_regression": "per-user LR (3 pairs)",
+          "no_history": "prior only (no pairs)", "oracle@all": "Bayes oracle (seen: all train pairs)",
+          "logistic_regression@all": "per-user LR (seen: all train pairs)"}
+
+
+def _train_task(data_file: str, method: str, hyper: dict, settings: dict, folder: str, embedder: str) -> dict:
+    """Train one method on one world's training pairs (a Ray task: module-level so that it pickles by name)."""
+    import torch
+
+    from pr_rlhf.embedrm.methods import Context
+    from pr_rlhf.embedrm.train import PairData, TrainSettings, save_method, train_method
+
+    torch.set_num_threads(1)
+    data = np.load(data_file, allow_pickle=False)
+    users = [str(u) for u in data["users"]]
+    contexts: dict[str, Context] = {}
+    for user in dict.fromkeys(users):
+        rows = [i for i, u in enumerate(users) if u == user]
+        contexts[user] = Context(torch.from_numpy(data["chosen"][rows]), torch.from_numpy(data["rejected"][rows]))
+    start = time.perf_counter()
+    model = train_method(method, PairData(contexts), TrainSettings(**settings), **hyper)
+    seconds = time.perf_counter() - start
+    save_method(model, folder, extra={"embedder": embedder, "train_s": seconds})
+    mark_complete(folder)
+    return {"train_s": seconds}
+
+
+class Leaderboard:
+    def __init__(self, cfg: LeaderboardConfig, log: Callable[[str], None] = print) -> None:
+        self.cfg = cfg
+        self.out = Path(cfg.out)
+        self.log = log
+        self._embedder = None
+
+    @property
+    def embedder(self) -> Any:
+        if self._embedder is None:
+            from pr_rlhf.models.embedders import make_embedder
+
+            self._embedder = make_embedder(self.cfg.embedder, cache_dir=self.out / "embeddings")
+        return self._embedder
+
+    # -- one world -------------------------------------------------------------------------------------------
+    def world_config(self, seed: int, **changes: Any):
+        return self.cfg.world.model_copy(update={"seed": seed, **changes})
+
+    def run_world(self, seed: int) -> WorldOutcomes:
+        folder = self.out / f"w{seed}"
+        world = build_world(self.world_config(seed))
+        items = evaluation_items(world)
+        outcomes = self._frame(seed, items)
+        arms, costs = self._methods(world, folder, items)
+        rows = {**arms, **reference_outcomes(world, self.cfg.references), **self._reused(seed)}
+        users = {it.pair_id: it.user_id for it in items}
+        for name, per_pair in rows.items():
+            outcomes.add_arm(name, {p: v for p, v in per_pair.items() if p in users}, users)
+        outcomes.meta = {"costs": costs, "world": self.world_config(seed).model_dump(mode="json")}
+        outcomes.save(folder / "outcomes.json")
+        self.log(f"world {seed}: {len(items)} evaluation pairs, rows: {', '.join(outcomes.arms)}")
+        return outcomes
+
+    def _frame(self, seed: int, items: list[Item]) -> WorldOutcomes:
+        """The world's evaluation pairs; where a reused file exists, in its order with its contested flags (the
+        pairs must be the same: the world is rebuilt from the same settings)."""
+        for name, spec in self.cfg.reuse.items():
+            path = Path(spec.split(":", 1)[0].format(world=seed))
+            if path.is_file():
+                known = WorldOutcomes.load(path)
+                if sorted(known.pairs) != sorted(it.pair_id for it in items):
+                    raise ValueError(f"reuse.{name}: {path} holds other evaluation pairs than world {seed} (is "
+                                     "leaderboard.world the world of that study?)")
+                return WorldOutcomes(seed, known.pairs, known.users, known.groups, known.contested)
+        return WorldOutcomes(seed, [it.pair_id for it in items], [it.user_id for it in items],
+                             [it.group for it in items], [False] * len(items))
+
+    def _reused(self, seed: int) -> dict[str, dict[str, float]]:
+        out = {}
+        for name, spec in self.cfg.reuse.items():
+            file, arm = spec.split(":", 1)
+            path = Path(file.format(world=seed))
+            if not path.is_file():
+                continue
+            known = WorldOutcomes.load(path)
+            if arm not in known.arms:
+                raise ValueError(f"reuse.{name}: {path} has no arm {arm!r} (it has {sorted(known.arms)})")
+            out[name] = {p: v for p, v in zip(known.pairs, known.arms[arm]) if v is not None}
+        return out
+
+    def _methods(self, world, folder: Path, items: list[Item]) -> tuple[dict, dict]:
+        arms: dict[str, dict[str, float]] = {}
+        costs: dict[str, dict[str, float]] = {}
+        todo = [m for m in self.cfg.methods if not is_complete(folder / "models" / m)]
+        if todo:
+            self._train(world, folder, todo)
+        for method in self.cfg.methods:
+            path = folder / "arms" / f"{method}.json"
+            if not path.is_file():
+                outcome, seconds, errors = self.score(method, folder / "models" / method, items)
+                atomic_write_text(path, json.dumps({"outcomes": outcome, "score_s": seconds, "errors": errors}))
+            saved = json.loads(path.read_text())
+            config = json.loads((folder / "models" / method / "config.json").read_text())
+            arms[method] = saved["outcomes"]
+            costs[method] = {"train_s": config.get("train_s", float("nan")), "score_s": saved["score_s"]}
+        return arms, costs
+
+    def _train(self, world, folder: Path, methods: list[str]) -> None:
+        import ray
+
+        data = folder / "train.npz"
+        if not data.is_file():
+            pairs = embed_training(training_pairs(world), self.embedder)
+            chosen, rejected, index = pairs.flat()
+            users = np.array([pairs.users[i] for i in index.tolist()])
+            folder.mkdir(parents=True, exist_ok=True)
+            np.savez(folder / "train_tmp.npz", users=users, chosen=chosen.numpy(), rejected=rejected.numpy())
+            (folder / "train_tmp.npz").replace(data)
+        settings = self.cfg.train.model_dump() | {"seed": self.cfg.seed}
+        task = ray.remote(num_cpus=1)(_train_task)
+        refs = {m: task.remote(str(data), m, self.cfg.methods[m], settings, str(folder / "models" / m),
+                               self.cfg.embedder) for m in methods}
+        for method, ref in refs.items():
+            self.log(f"world {world.config.seed}: trained {method} in {ray.get(ref)['train_s']:.1f} s")
+
+    def score(self, method: str, model: Path, items: list[Item]) -> tuple[dict[str, float], float, int]:
+        """``pair id -> 1 / 0.5 / 0`` (the chosen response's reward above, equal to, below the rejected one's),
+        through a reward pool hosting the method's reward kind; seconds; requests that failed (left out)."""
+        from pr_rlhf.configs.reward import reward_config
+        from pr_rlhf.scorers import RewardRequest
+        from workers.reward import RewardPool
+
+        cfg = reward_config(kind=method, model=str(model), embedder=self.cfg.embedder,
+                            pool=self.cfg.pool.model_dump(), history_pairs=max(
+                                [len(it.history) for it in items] + [0]))
+        requests = [RewardRequest(f"{it.pair_id}|{side}", it.user_id, it.question, text, {"history": it.history})
+                    for it in items for side, text in (("c", it.chosen), ("r", it.rejected))]
+        start = time.perf_counter()
+        with RewardPool(cfg) as pool:
+            results = {r.request_id: r for r in pool.score(requests)}
+        seconds = time.perf_counter() - start
+        outcome, errors = {}, 0
+        for it in items:
+            c, r = results[f"{it.pair_id}|c"], results[f"{it.pair_id}|r"]
+            if c.score is None or r.score is None:
+                errors += 1
+                continue
+            outcome[it.pair_id] = 1.0 if c.score > r.score else 0.0 if c.score < r.score else 0.5
+        return outcome, seconds, errors
+
+    # -- few-shot ----------------------------------------------------------------------------------------------
+    def few_shot(self, seed: int) -> list[dict[str, Any]]:
+        """Cold-start users of the world given k of their pairs (a world whose cold users have more: its seen users
+        are the same, so the methods trained on ``seed`` serve): each method's accuracy per k, CI resampling
+        users."""
+        from pr_rlhf.stats import mean_ci
+
+        fs = self.cfg.few_shot
+        assert fs is not None
+        path = self.out / f"w{seed}" / "few_shot.json"
+        done = json.loads(path.read_text()) if path.is_file() else []
+        have = {(r["method"], r["k"]) for r in done}
+        world = build_world(self.world_config(seed, cold_start_history=fs.cold_start_history))
+        for k in fs.ks:
+            items = [it for it in evaluation_items(world, cold_history=k) if it.group == "cold"]
+            for method in self.cfg.methods:
+                if (method, k) in have:
+                    continue
+                outcome, _, errors = self.score(method, self.out / f"w{seed}" / "models" / method, items)
+                values = np.array([outcome[it.pair_id] for it in items if it.pair_id in outcome])
+                users = [it.user_id for it in items if it.pair_id in outcome]
+                low, high = mean_ci(values, n_bootstrap=self.cfg.n_bootstrap, seed=self.cfg.seed, clusters=users)
+                done.append({"world": seed, "method": method, "k": k, "accuracy": float(values.mean()),
+                             "ci_low": low, "ci_high": high, "pairs": len(values), "users": len(set(users)),
+                             "errors": errors, "outcomes": outcome})
+                atomic_write_text(path, json.dumps(done))
+                self.log(f"world {seed} few-shot k={k}: {method} {100 * values.mean():.1f}%")
+        return done
+
+    # -- everything --------------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        reported = [self.run_world(s) for s in self.cfg.worlds]
+        development = [self.run_world(s) for s in self.cfg.development_worlds]
+        rows = list(dict.fromkeys(r for w in reported + development for r in w.arms))
+        costs = {}
+        for w in reported:
+            for row, c in w.meta.get("costs", {}).items():
+                for key, value in c.items():
+                    costs.setdefault(row, {}).setdefault(key, 0.0)
+                    costs[row][key] += value / len(reported)
+        out = {}
+        for name, worlds in (("leaderboard", reported), ("development", development)):
+            if not worlds:
+                continue
+            result = table.build_board(worlds, rows, baseline=self.cfg.baseline, against=self.cfg.against,
+                                       n_bootstrap=self.cfg.n_bootstrap, seed=self.cfg.seed, costs=costs)
+            atomic_write_text(self.out / f"{name}.json", json.dumps(result, indent=1) + "\n")
+            title = "Leaderboard" if name == "leaderboard" else "Development worlds (settings chosen here)"
+            atomic_write_text(self.out / f"{name}.md", table.markdown(result, LABELS, title))
+            table.plot(result, self.out / f"{name}.png", LABELS)
+            out[name] = result
+        if self.cfg.few_shot is not None:
+            rows_fs = [r for s in self.cfg.worlds + self.cfg.development_worlds for r in self.few_shot(s)]
+            atomic_write_text(self.out / "few_shot.json", json.dumps(
+                [{k: v for k, v in r.items() if k != "outcomes"} for r in rows_fs], indent=1) + "\n")
+            out["few_shot"] = rows_fs
+        return out
+
+
+def run_leaderboard(recipe: Any, address: str | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    from workers.ray_utils import check_resources, start_driver
+
+    cfg = recipe.leaderboard
+    start_driver(address, 2)
+    check_resources(recipe, "leaderboard", log=log)
+    return Leaderboard(cfg, log).run()
