@@ -34,7 +34,9 @@ from pr_rlhf.world import build_world
 LABELS = {"bt_embedding": "global BT (embeddings)", "pal": "PAL", "lore": "LoRe", "vpl": "VPL", "gpo": "GPO",
           "oracle": "Bayes oracle (3 pairs)", "logistic_regression": "per-user LR (3 pairs)",
           "no_history": "prior only (no pairs)", "oracle@all": "Bayes oracle (seen: all train pairs)",
-          "logistic_regression@all": "per-user LR (seen: all train pairs)"}
+          "logistic_regression@all": "per-user LR (seen: all train pairs)",
+          "pgenrm_psi": "P-GenRM PSI (SFT)", "pgenrm_cre": "P-GenRM CRE (GRPO)",
+          "pgenrm_full": "P-GenRM full pipeline", "pgenrm_psi_scaled": "P-GenRM PSI + scaling (m 16, n 8)"}
 
 
 def _train_task(data_file: str, method: str, hyper: dict, settings: dict, folder: str, embedder: str) -> dict:

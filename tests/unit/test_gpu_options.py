@@ -11,13 +11,15 @@ from pr_rlhf.rl.modeling import pick_attn_implementation
 
 
 def test_attention_kernel_choice(monkeypatch):
+    from pr_rlhf.rl import modeling
+
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "flash_attn"
-                        else real(name, *a))
+    monkeypatch.setattr(modeling, "flash_attn_available", lambda: True)   # installed and importable
     assert pick_attn_implementation("auto", "cuda", torch.bfloat16) == "flash_attention_2"
     assert pick_attn_implementation("auto", "cuda", torch.float32) == "sdpa"      # flash-attn is 16-bit only
     assert pick_attn_implementation("auto", "cpu", torch.bfloat16) == "sdpa"
     assert pick_attn_implementation("eager", "cuda", torch.bfloat16) == "eager"   # an explicit choice stands
+    monkeypatch.undo()
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flash_attn"
                         else real(name, *a))
     assert pick_attn_implementation("auto", "cuda", torch.bfloat16) == "sdpa"     # not installed
