@@ -216,16 +216,16 @@ class Leaderboard:
         reported = [self.run_world(s) for s in self.cfg.worlds]
         development = [self.run_world(s) for s in self.cfg.development_worlds]
         rows = list(dict.fromkeys(r for w in reported + development for r in w.arms))
-        costs = {}
-        for w in reported:
-            for row, c in w.meta.get("costs", {}).items():
-                for key, value in c.items():
-                    costs.setdefault(row, {}).setdefault(key, 0.0)
-                    costs[row][key] += value / len(reported)
         out = {}
         for name, worlds in (("leaderboard", reported), ("development", development)):
             if not worlds:
                 continue
+            costs: dict[str, dict[str, float]] = {}   # seconds per world, averaged over the board's worlds
+            for w in worlds:
+                for row, c in w.meta.get("costs", {}).items():
+                    for key, value in c.items():
+                        costs.setdefault(row, {}).setdefault(key, 0.0)
+                        costs[row][key] += value / len(worlds)
             result = table.build_board(worlds, rows, baseline=self.cfg.baseline, against=self.cfg.against,
                                        n_bootstrap=self.cfg.n_bootstrap, seed=self.cfg.seed, costs=costs)
             atomic_write_text(self.out / f"{name}.json", json.dumps(result, indent=1) + "\n")
