@@ -5,7 +5,8 @@ reference predictors and reused committed outcomes (P-GenRM's), in one table (``
 Under ``<out>``: ``w<seed>/`` per world (``train.npz``: the training pairs' embeddings; ``models/<method>/``, each
 COMPLETE when trained; ``arms/<method>.json``: its per-pair outcomes and seconds; ``outcomes.json``: every row's
 per-pair outcomes with user ids), then ``leaderboard.{json,md,png}`` over the reported worlds and
-``development.{json,md}`` over the development worlds, and ``few_shot.{json,md,png}``. A rerun redoes nothing that
+``development.{json,md,png}`` over the development worlds, and ``few_shot{,_development}.{json,md,png}`` (the
+cold-start users' curve; per-pair outcomes in ``w<seed>/few_shot.json``). A rerun redoes nothing that
 is there: a trained model, a scored method.
 """
 from __future__ import annotations
@@ -67,6 +68,7 @@ class Leaderboard:
         self.out = Path(cfg.out)
         self.log = log
         self._embedder = None
+        self._last_score_s = 0.0
 
     @property
     def embedder(self) -> Any:
@@ -123,16 +125,29 @@ class Leaderboard:
         return out
 
     def _methods(self, world, folder: Path, items: list[Item]) -> tuple[dict, dict]:
+        """Each method trained (unless COMPLETE), then scored (unless scored) on the evaluation pairs and, through
+        the same pool, on the few-shot sets."""
         arms: dict[str, dict[str, float]] = {}
         costs: dict[str, dict[str, float]] = {}
         todo = [m for m in self.cfg.methods if not is_complete(folder / "models" / m)]
         if todo:
             self._train(world, folder, todo)
+        few = self._few_shot_sets(world.config.seed)
+        few_path = folder / "few_shot.json"
+        records = json.loads(few_path.read_text()) if few_path.is_file() else []
+        have = {(r["method"], r["k"]) for r in records}
         for method in self.cfg.methods:
             path = folder / "arms" / f"{method}.json"
-            if not path.is_file():
-                outcome, seconds, errors = self.score(method, folder / "models" / method, items)
-                atomic_write_text(path, json.dumps({"outcomes": outcome, "score_s": seconds, "errors": errors}))
+            sets = {} if path.is_file() else {"main": items}
+            sets.update({key: its for key, its in few.items() if (method, int(key[1:])) not in have})
+            if sets:
+                scored = self.score_sets(method, folder / "models" / method, sets)
+                if "main" in scored:
+                    atomic_write_text(path, json.dumps(scored.pop("main")))
+                records += [self._few_shot_record(world.config.seed, method, int(key[1:]), few[key], result)
+                            for key, result in scored.items()]
+                if scored:
+                    atomic_write_text(few_path, json.dumps(records))
             saved = json.loads(path.read_text())
             config = json.loads((folder / "models" / method / "config.json").read_text())
             arms[method] = saved["outcomes"]
@@ -157,59 +172,62 @@ class Leaderboard:
         for method, ref in refs.items():
             self.log(f"world {world.config.seed}: trained {method} in {ray.get(ref)['train_s']:.1f} s")
 
-    def score(self, method: str, model: Path, items: list[Item]) -> tuple[dict[str, float], float, int]:
-        """``pair id -> 1 / 0.5 / 0`` (the chosen response's reward above, equal to, below the rejected one's),
-        through a reward pool hosting the method's reward kind; seconds; requests that failed (left out)."""
+    def score_sets(self, method: str, model: Path, sets: dict[str, list[Item]]) -> dict[str, dict[str, Any]]:
+        """Each set's ``pair id -> 1 / 0.5 / 0`` (the chosen response's reward above, equal to, below the rejected
+        one's), the pairs whose scoring failed (left out) and the seconds it took, through one reward pool hosting
+        the method's reward kind."""
         from pr_rlhf.configs.reward import reward_config
         from pr_rlhf.scorers import RewardRequest
         from workers.reward import RewardPool
 
+        every = [it for items in sets.values() for it in items]
         cfg = reward_config(kind=method, model=str(model), embedder=self.cfg.embedder,
-                            pool=self.cfg.pool.model_dump(), history_pairs=max(
-                                [len(it.history) for it in items] + [0]))
-        requests = [RewardRequest(f"{it.pair_id}|{side}", it.user_id, it.question, text, {"history": it.history})
-                    for it in items for side, text in (("c", it.chosen), ("r", it.rejected))]
-        start = time.perf_counter()
+                            pool=self.cfg.pool.model_dump(), history_pairs=max([len(it.history) for it in every] + [0]))
+        out = {}
         with RewardPool(cfg) as pool:
-            results = {r.request_id: r for r in pool.score(requests)}
-        seconds = time.perf_counter() - start
-        outcome, errors = {}, 0
-        for it in items:
-            c, r = results[f"{it.pair_id}|c"], results[f"{it.pair_id}|r"]
-            if c.score is None or r.score is None:
-                errors += 1
-                continue
-            outcome[it.pair_id] = 1.0 if c.score > r.score else 0.0 if c.score < r.score else 0.5
-        return outcome, seconds, errors
+            for key, items in sets.items():
+                requests = [RewardRequest(f"{it.pair_id}|{side}", it.user_id, it.question, text,
+                                          {"history": it.history})
+                            for it in items for side, text in (("c", it.chosen), ("r", it.rejected))]
+                start = time.perf_counter()
+                results = {r.request_id: r for r in pool.score(requests)}
+                seconds = time.perf_counter() - start
+                outcome, errors = {}, 0
+                for it in items:
+                    c, r = results[f"{it.pair_id}|c"], results[f"{it.pair_id}|r"]
+                    if c.score is None or r.score is None:
+                        errors += 1
+                        continue
+                    outcome[it.pair_id] = 1.0 if c.score > r.score else 0.0 if c.score < r.score else 0.5
+                out[key] = {"outcomes": outcome, "errors": errors, "score_s": seconds}
+        return out
 
     # -- few-shot ----------------------------------------------------------------------------------------------
-    def few_shot(self, seed: int) -> list[dict[str, Any]]:
-        """Cold-start users of the world given k of their pairs (a world whose cold users have more: its seen users
-        are the same, so the methods trained on ``seed`` serve): each method's accuracy per k, CI resampling
-        users."""
+    def _few_shot_sets(self, seed: int) -> dict[str, list[Item]]:
+        """``k<k> -> items``: the cold-start users' test pairs of the world whose cold users have
+        ``cold_start_history`` train pairs, each given its first k (the seen users are the same as the world's:
+        the methods trained on it serve)."""
+        fs = self.cfg.few_shot
+        if fs is None:
+            return {}
+        world = build_world(self.world_config(seed, cold_start_history=fs.cold_start_history))
+        return {f"k{k}": [it for it in evaluation_items(world, cold_history=k) if it.group == "cold"] for k in fs.ks}
+
+    def _few_shot_record(self, seed: int, method: str, k: int, items: list[Item], result: dict) -> dict[str, Any]:
         from pr_rlhf.stats import mean_ci
 
-        fs = self.cfg.few_shot
-        assert fs is not None
+        outcome = result["outcomes"]
+        values = np.array([outcome[it.pair_id] for it in items if it.pair_id in outcome])
+        users = [it.user_id for it in items if it.pair_id in outcome]
+        low, high = mean_ci(values, n_bootstrap=self.cfg.n_bootstrap, seed=self.cfg.seed, clusters=users)
+        self.log(f"world {seed} few-shot: {method} k={k} {100 * values.mean():.1f}%")
+        return {"world": seed, "method": method, "k": k, "accuracy": float(values.mean()), "ci_low": low,
+                "ci_high": high, "pairs": len(values), "users": len(set(users)), "errors": result["errors"],
+                "outcomes": outcome, "users_of": {it.pair_id: it.user_id for it in items}}
+
+    def few_shot(self, seed: int) -> list[dict[str, Any]]:
         path = self.out / f"w{seed}" / "few_shot.json"
-        done = json.loads(path.read_text()) if path.is_file() else []
-        have = {(r["method"], r["k"]) for r in done}
-        world = build_world(self.world_config(seed, cold_start_history=fs.cold_start_history))
-        for k in fs.ks:
-            items = [it for it in evaluation_items(world, cold_history=k) if it.group == "cold"]
-            for method in self.cfg.methods:
-                if (method, k) in have:
-                    continue
-                outcome, _, errors = self.score(method, self.out / f"w{seed}" / "models" / method, items)
-                values = np.array([outcome[it.pair_id] for it in items if it.pair_id in outcome])
-                users = [it.user_id for it in items if it.pair_id in outcome]
-                low, high = mean_ci(values, n_bootstrap=self.cfg.n_bootstrap, seed=self.cfg.seed, clusters=users)
-                done.append({"world": seed, "method": method, "k": k, "accuracy": float(values.mean()),
-                             "ci_low": low, "ci_high": high, "pairs": len(values), "users": len(set(users)),
-                             "errors": errors, "outcomes": outcome})
-                atomic_write_text(path, json.dumps(done))
-                self.log(f"world {seed} few-shot k={k}: {method} {100 * values.mean():.1f}%")
-        return done
+        return json.loads(path.read_text()) if path.is_file() else []
 
     # -- everything --------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -234,10 +252,15 @@ class Leaderboard:
             table.plot(result, self.out / f"{name}.png", LABELS)
             out[name] = result
         if self.cfg.few_shot is not None:
-            rows_fs = [r for s in self.cfg.worlds + self.cfg.development_worlds for r in self.few_shot(s)]
-            atomic_write_text(self.out / "few_shot.json", json.dumps(
-                [{k: v for k, v in r.items() if k != "outcomes"} for r in rows_fs], indent=1) + "\n")
-            out["few_shot"] = rows_fs
+            for name, seeds in (("few_shot", self.cfg.worlds), ("few_shot_development", self.cfg.development_worlds)):
+                rows_fs = [r for s in seeds for r in self.few_shot(s)]
+                if not rows_fs:
+                    continue
+                curve = table.few_shot_board(rows_fs, self.cfg.n_bootstrap, self.cfg.seed)
+                atomic_write_text(self.out / f"{name}.json", json.dumps(curve, indent=1) + "\n")
+                atomic_write_text(self.out / f"{name}.md", table.few_shot_markdown(curve, LABELS))
+                table.few_shot_plot(curve, self.out / f"{name}.png", LABELS)
+                out[name] = curve
         return out
 
 

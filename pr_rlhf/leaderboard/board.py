@@ -142,3 +142,74 @@ def plot(board: Mapping[str, Any], path: str | Path, labels: Mapping[str, str] |
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def few_shot_board(rows: Sequence[Mapping[str, Any]], n_bootstrap: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """The few-shot curve pooled over worlds: ``rows`` are (world, method, k, per-pair outcomes, users) records;
+    each (method, k) becomes a row of a board on the cold-start group, so its accuracy is pooled as every other."""
+    worlds: dict[int, dict[str, dict[str, float]]] = {}
+    users: dict[int, dict[str, str]] = {}
+    for r in rows:
+        worlds.setdefault(r["world"], {})[f"{r['method']}@{r['k']}"] = r["outcomes"]
+        users.setdefault(r["world"], {}).update(r["users_of"])
+    frames = []
+    for world, arms in sorted(worlds.items()):
+        pairs = sorted(users[world])
+        frame = WorldOutcomes(world, pairs, [users[world][p] for p in pairs], ["cold"] * len(pairs),
+                              [False] * len(pairs))
+        for arm, outcome in arms.items():
+            frame.add_arm(arm, outcome, users[world])
+        frames.append(frame)
+    names = list(dict.fromkeys(f"{r['method']}@{r['k']}" for r in rows))
+    board = build_board(frames, names, baseline=None, against=None, n_bootstrap=n_bootstrap, seed=seed)
+    curve = []
+    for name in names:
+        method, k = name.rsplit("@", 1)
+        fixed = board["table"][name]["accuracy_cold"]["pooled"]["fixed"]
+        curve.append({"method": method, "k": int(k), "accuracy": fixed["gain"], "ci_low": fixed["ci_low"],
+                      "ci_high": fixed["ci_high"],
+                      "worlds": [w["world"] for w in board["table"][name]["accuracy_cold"]["worlds"]]})
+    return {"worlds": board["worlds"], "curve": curve}
+
+
+def few_shot_markdown(curve: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> str:
+    labels = labels or {}
+    ks = sorted({c["k"] for c in curve["curve"]})
+    methods = list(dict.fromkeys(c["method"] for c in curve["curve"]))
+    cell = {(c["method"], c["k"]): c for c in curve["curve"]}
+    lines = ["## Few-shot cold-start users", "",
+             f"Worlds {', '.join(map(str, curve['worlds']))}: each cold-start user given k of their pairs; accuracy % "
+             "on their test pairs, 95% CI resampling users, pooled over the worlds (fixed effect).", "",
+             "| method | " + " | ".join(f"k = {k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+    for m in methods:
+        cells = [f"{100 * cell[m, k]['accuracy']:.1f} [{100 * cell[m, k]['ci_low']:.1f}, "
+                 f"{100 * cell[m, k]['ci_high']:.1f}]" if (m, k) in cell else "-" for k in ks]
+        lines.append(f"| {labels.get(m, m)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def few_shot_plot(curve: Mapping[str, Any], path: str | Path, labels: Mapping[str, str] | None = None) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    labels = labels or {}
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for method in dict.fromkeys(c["method"] for c in curve["curve"]):
+        points = sorted((c for c in curve["curve"] if c["method"] == method), key=lambda c: c["k"])
+        ks = [c["k"] for c in points]
+        ax.plot(ks, [100 * c["accuracy"] for c in points], marker="o", label=labels.get(method, method))
+        ax.fill_between(ks, [100 * c["ci_low"] for c in points], [100 * c["ci_high"] for c in points], alpha=0.15)
+    ax.axhline(50, color="gray", lw=0.8, ls=":")
+    ax.set_xlabel("pairs given to each cold-start user (k)")
+    ax.set_ylabel("accuracy % (95% CI, users resampled)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,76 @@
+"""`pr-rlhf leaderboard` as a user runs it, shrunk (a 30-user world, 150 training steps): every embedding method
+trained in a Ray task and scored through a reward pool on the world's evaluation pairs, beside the world's references
+and a reused row (a committed outcomes file's arm, read not recomputed), one table whose every accuracy is the
+per-pair outcomes' mean (users as the bootstrap's unit), a development world apart, the few-shot curve; a rerun
+trains and scores nothing again. The full run is recipes/leaderboard.yaml (docs/results/leaderboard/)."""
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from pr_rlhf.eval.worlds import WorldOutcomes
+from tests.cli_subprocess import run_cli
+
+HANG_S = 900
+CLI_ENV = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+WORLD = {"rendering": "compact", "n_attributes": 3, "n_archetypes": 3, "max_differing_attributes": 2, "users": 30,
+         "cold_start_users": 10, "reference_samples": 500}
+METHODS = ["bt_embedding", "pal", "lore", "vpl", "gpo"]
+
+
+def committed_outcomes(folder: Path, world: int) -> Path:
+    """A stand-in for a committed study's outcomes of the same world: an arm that is right on every seen pair."""
+    from pr_rlhf.leaderboard.data import evaluation_items
+    from pr_rlhf.configs.world import WorldConfig
+    from pr_rlhf.world import build_world
+
+    items = evaluation_items(build_world(WorldConfig(**WORLD, seed=world)))
+    outcomes = WorldOutcomes(world, [it.pair_id for it in items], [it.user_id for it in items],
+                             [it.group for it in items], [False] * len(items),
+                             {"oracle_arm": [1.0 if it.group == "seen" else None for it in items]})
+    return outcomes.save(folder / f"w{world}" / "outcomes.json")
+
+
+def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
+    committed_outcomes(tmp_path / "study", 1)
+    recipe = tmp_path / "leaderboard.yaml"
+    recipe.write_text(yaml.safe_dump({"name": "leaderboard_e2e", "seed": 0, "leaderboard": {
+        "worlds": [1], "development_worlds": [7], "world": WORLD, "train": {"steps": 150},
+        "reuse": {"study": str(tmp_path / "study" / "w{world}" / "outcomes.json") + ":oracle_arm"},
+        "against": "study", "few_shot": {"ks": [0, 2], "cold_start_history": 2}, "n_bootstrap": 200}}))
+    out = tmp_path / "run"
+    first = run_cli(["leaderboard", str(recipe), "--out", str(out)], hang_timeout_s=HANG_S, env=CLI_ENV)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+
+    world = WorldOutcomes.load(out / "w1" / "outcomes.json")
+    assert {*METHODS, "oracle", "logistic_regression", "no_history", "oracle@all", "study"} <= set(world.arms)
+    assert set(world.groups) == {"seen", "cold"} and all(u.startswith("u") for u in world.users)
+    board = json.loads((out / "leaderboard.json").read_text())
+    assert board["worlds"] == [1] and board["baseline"] == "bt_embedding" and board["against"] == "study"
+    for row in METHODS:   # the table's accuracy is the outcomes' mean, on the pairs the row judged
+        for group in ("seen", "cold"):
+            idx = world.select(group, "all", row)
+            table = board["table"][row][f"accuracy_{group}"]["worlds"][0]
+            assert abs(table["gain"] - np.mean([world.arms[row][i] for i in idx])) < 1e-12
+            assert table["users"] == len({world.users[i] for i in idx}) and table["ci_low"] <= table["gain"]
+        assert board["costs"][row]["train_s"] > 0 and board["costs"][row]["score_s"] > 0
+    study = board["table"]["pal"]["vs_against_seen"]["worlds"][0]   # paired with the reused row, seen pairs only
+    assert study["pairs"] == len(world.select("seen", "all", "pal", "study"))
+    assert "cold" not in {g for g, a in zip(world.groups, world.arms["study"]) if a is not None}
+    seen = {r: board["table"][r]["accuracy_seen"]["pooled"]["fixed"]["gain"] for r in ("bt_embedding", "pal")}
+    assert seen["pal"] > seen["bt_embedding"], seen   # personalization shows even in 150 steps
+    assert (out / "development.json").is_file() and json.loads((out / "development.json").read_text())["worlds"] == [7]
+    curve = json.loads((out / "few_shot.json").read_text())["curve"]
+    assert {(c["method"], c["k"]) for c in curve} == {(m, k) for m in METHODS for k in (0, 2)}
+    for name in ("leaderboard.md", "leaderboard.png", "few_shot.md", "few_shot.png"):
+        assert (out / name).is_file(), name
+
+    written = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.parent.name in ("arms",)}
+    models = {p: p.stat().st_mtime_ns for p in out.rglob("model.safetensors")}
+    again = run_cli(["leaderboard", str(recipe), "--out", str(out)], hang_timeout_s=HANG_S, env=CLI_ENV)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "trained" not in again.stdout   # nothing retrained ...
+    assert {p: p.stat().st_mtime_ns for p in written} == written   # ... nor rescored
+    assert {p: p.stat().st_mtime_ns for p in models} == models
