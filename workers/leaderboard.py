@@ -119,8 +119,9 @@ class Leaderboard:
             if not path.is_file():
                 continue
             known = WorldOutcomes.load(path)
-            if arm not in known.arms:
-                raise ValueError(f"reuse.{name}: {path} has no arm {arm!r} (it has {sorted(known.arms)})")
+            if arm not in known.arms:   # that study did not run it in this world: the row is absent here
+                self.log(f"world {seed}: reuse.{name}: {path} has no arm {arm!r}; no such row in this world")
+                continue
             out[name] = {p: v for p, v in zip(known.pairs, known.arms[arm]) if v is not None}
         return out
 
