@@ -172,6 +172,10 @@ class ScalarRMConfig(StrictModel):
     batch_size: int = Field(8, ge=1)
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    label: int | None = Field(None, ge=0, description="a head with several outputs: the one that is the reward "
+                                                      "(a one-output head needs none)")
+    trust_remote_code: bool = Field(False, description="run modelling code the checkpoint ships (config.json "
+                                                       "auto_map); off: such a checkpoint is refused")
 
 
 def check_benchmark_accuracy(given: Mapping[str, float | str], names: Mapping[str, object], where: str) -> None:

@@ -87,10 +87,12 @@ class EvalConfig(StrictModel):
     inputs: list[Literal["none", "profile", "plan"]] = Field(default_factory=lambda: ["none", "profile", "plan"])
     pointwise_model: Literal["scalar", "generative"] = Field("scalar", description="'scalar': sequence-"
         "classification RM; 'generative': the judge engine rates each answer 1-10")
-    pairwise_format: Literal["judge", "sec", "sec_compact"] = Field(
+    pairwise_format: Literal["judge", "sec", "sec_compact", "tagged", "json"] = Field(
         "judge", description="'judge': ends with 'Result: A|B'; 'sec': the P-GenRM evaluation chain; "
                              "'sec_compact': the same chain from the compact history-only prompt (the small "
-                             "P-GenRM that `pr-rlhf pgenrm` trains)")
+                             "P-GenRM that `pr-rlhf pgenrm` trains); 'tagged': reasoning, then "
+                             "<answer>[[A]]</answer> (RM-R1-style judges); 'json': a JSON verdict "
+                             "{\"score\": \"Assistant A\"} (R3 / mR3-style judges)")
     users: Literal["all", "seen", "cold_start"] = Field(
         "all", description="evaluate the pairs of all users, of seen users only, or of cold-start users only "
                            "(the profiles table's cold_start flag)")

@@ -3,7 +3,9 @@
 Which slot holds the chosen answer is a seeded coin per pair (:func:`chosen_slot`): a hash of (seed, pair_id), so
 it is stable across runs, machines and batch order, and balanced over pairs. With ``fmt="judge"`` the engine
 writes a free-form judgement that ends with ``Result: A|B``; with ``fmt="sec"`` it writes a P-GenRM structured
-evaluation chain (response_1 = slot A, response_2 = slot B) and the higher final score wins (equal = a tie).
+evaluation chain (response_1 = slot A, response_2 = slot B) and the higher final score wins (equal = a tie); with
+``fmt="tagged"`` (reasoning RMs of the RM-R1 family) it closes with ``<answer>[[A]]</answer>``, with ``fmt="json"``
+(the R3 / mR3 family) it answers a JSON verdict (``pr_rlhf.reward.verdicts``).
 Honest accounting: a parse failure, a tie or an engine error is never correct.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pr_rlhf.prompts import chat
 from pr_rlhf.reward.inputs import InputMode, RMInput, conversation_block, user_block
 from pr_rlhf.reward.parsing import ErrorKind, Parsed, answer_text, never_raises
 from pr_rlhf.reward.sec import SEC, parse_sec, sec_compact_prompt, sec_prompt
+from pr_rlhf.reward.verdicts import parse_json_verdict, parse_tagged_verdict
 
 Slot = Literal["A", "B"]
 
@@ -112,13 +115,17 @@ class JudgeVerdict:
         return self.error is None and self.predicted is not None and self.predicted == self.chosen_slot
 
 
-def judge_prompt(inp: RMInput, answer_a: str, answer_b: str, mode: InputMode = "none", top_k: int = 10) -> list[dict]:
-    return chat("pairwise_judge", user_block=user_block(inp, mode, top_k), conversation_block=conversation_block(inp),
+def judge_prompt(inp: RMInput, answer_a: str, answer_b: str, mode: InputMode = "none", top_k: int = 10,
+                 template: str = "pairwise_judge") -> list[dict]:
+    return chat(template, user_block=user_block(inp, mode, top_k), conversation_block=conversation_block(inp),
                 question=inp.question, answer_a=answer_a, answer_b=answer_b)
 
 
-JudgeFormat = Literal["judge", "sec", "sec_compact"]
-JUDGE_FORMATS: tuple[str, ...] = ("judge", "sec", "sec_compact")
+JudgeFormat = Literal["judge", "sec", "sec_compact", "tagged", "json"]
+JUDGE_FORMATS: tuple[str, ...] = ("judge", "sec", "sec_compact", "tagged", "json")
+# the free-form formats: their prompt template and verdict parser
+_FREE_FORMATS = {"judge": ("pairwise_judge", parse_verdict), "tagged": ("tagged_judge", parse_tagged_verdict),
+                 "json": ("json_judge", parse_json_verdict)}
 
 
 class PairwiseJudge:
@@ -145,7 +152,7 @@ class PairwiseJudge:
             return sec_prompt(inp, a, b, mode=mode, top_k=top_k, use_stated=self.use_stated_preferences)
         if self.fmt == "sec_compact":   # history only: the small P-GenRM trained by `pr-rlhf pgenrm`
             return sec_compact_prompt(inp, a, b)
-        return judge_prompt(inp, a, b, mode, top_k)
+        return judge_prompt(inp, a, b, mode, top_k, template=_FREE_FORMATS[self.fmt][0])
 
     def judge(self, inputs: Sequence[RMInput], mode: InputMode, top_k: int,
               both_orders: bool = False) -> list[JudgeVerdict]:
@@ -170,7 +177,7 @@ class PairwiseJudge:
         if not gen.samples:
             return JudgeVerdict(pair_id, slot, None, "empty", "")
         raw = gen.samples[0].text
-        if self.fmt != "judge":
+        if self.fmt not in _FREE_FORMATS:
             parsed = parse_sec(raw)
             if not parsed.ok:
                 return JudgeVerdict(pair_id, slot, None, parsed.error, raw)
@@ -178,5 +185,5 @@ class PairwiseJudge:
             predicted = sec_verdict(sec)
             return JudgeVerdict(pair_id, slot, predicted, "tie" if predicted is None else None, raw,
                                 scores=(sec.final["response_1"], sec.final["response_2"]), sec=sec)
-        parsed = parse_verdict(raw)
+        parsed = _FREE_FORMATS[self.fmt][1](raw)
         return JudgeVerdict(pair_id, slot, parsed.value, parsed.error, raw)  # type: ignore[arg-type]

@@ -35,6 +35,26 @@ def sequence_scores(model: Any, input_ids: Any, attention_mask: Any, last: Any, 
     return model.score(picked.to(model.score.weight.dtype)).float().squeeze(-1)
 
 
+class RemoteCodeRefused(ValueError):
+    """A checkpoint that ships its own modelling code, loaded without the recipe's consent."""
+
+
+def checkpoint_config(path: str, trust_remote_code: bool, field: str) -> Any:
+    """The checkpoint's config; a checkpoint whose ``config.json`` maps classes to its own code (``auto_map``) is
+    refused unless ``trust_remote_code`` (``field`` names the recipe field that allows it)."""
+    import json
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    config_file = Path(path) / "config.json"
+    raw = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    if raw.get("auto_map") and not trust_remote_code:
+        raise RemoteCodeRefused(f"{path}: the checkpoint ships its own modelling code (config.json auto_map: "
+                                f"{sorted(raw['auto_map'])}); it runs only with {field}: true")
+    return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+
+
 class ScalarRMEncoder:
     """(user block + question, answer) -> the token ids a scalar RM reads, truncated as the module says. Needs the
     tokenizer only, so a trainer encodes its pairs without loading the model."""
@@ -44,14 +64,15 @@ class ScalarRMEncoder:
         self.max_length = max_length
 
     @classmethod
-    def for_model(cls, path: str, max_length: int) -> ScalarRMEncoder:
+    def for_model(cls, path: str, max_length: int, trust_remote_code: bool = False) -> ScalarRMEncoder:
         """The encoder of the model folder ``path``: its tokenizer, ``max_length`` capped by its position table."""
-        from transformers import AutoConfig, AutoTokenizer
+        from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
-        positions = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
+        config = checkpoint_config(path, trust_remote_code, "scalar_rm.trust_remote_code")
+        positions = getattr(config, "max_position_embeddings", None)
         return cls(tokenizer, min(max_length, positions) if positions else max_length)
 
     def _ids(self, text: str) -> list[int]:
@@ -102,15 +123,28 @@ class ScalarRM:
         self.device = torch.device(device)
         path = resolve_model(cfg.model)
         quiet_hf_loading()
-        self.encoder = ScalarRMEncoder.for_model(path, cfg.max_length)
+        remote = cfg.trust_remote_code
+        config = checkpoint_config(path, remote, "scalar_rm.trust_remote_code")
+        self.encoder = ScalarRMEncoder.for_model(path, cfg.max_length, remote)
         self.tokenizer = self.encoder.tokenizer
         self.max_length = self.encoder.max_length
         torch_dtype = getattr(torch, dtype) if dtype != "auto" else "auto"
-        # An untrained model (the tiny one) has no head: a seeded random one keeps the scores reproducible
-        # (without touching the caller's random state). A trained RM's folder holds its head.
+        # A reward model's folder holds its head (decoders' `score`, encoders' `classifier`): loaded as it is, with
+        # however many outputs it has. A causal LM's folder (the tiny one) has none: a seeded one-output head keeps
+        # the scores reproducible (without touching the caller's random state).
+        trained = any(a.endswith("ForSequenceClassification") for a in getattr(config, "architectures", None) or [])
+        heads = {} if trained else {"num_labels": 1}
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            self.model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch_dtype)
+            self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch_dtype,
+                                                                            trust_remote_code=remote, **heads)
+        outputs = int(getattr(self.model.config, "num_labels", 1))
+        if outputs > 1 and cfg.label is None:
+            raise ValueError(f"{path}: the head has {outputs} outputs ({getattr(self.model.config, 'id2label', {})});"
+                             " say which one is the reward with scalar_rm.label")
+        if cfg.label is not None and not 0 <= cfg.label < outputs:
+            raise ValueError(f"scalar_rm.label {cfg.label}: the head of {path} has {outputs} output(s)")
+        self.label = cfg.label or 0
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.model.to(self.device).eval()
 
@@ -143,7 +177,9 @@ class ScalarRM:
         import torch
 
         if not isinstance(getattr(self.model, "score", None), torch.nn.Module):  # encoders pool on their own
-            return self.model(input_ids=ids, attention_mask=mask).logits.float().squeeze(-1).cpu()
+            return self.model(input_ids=ids, attention_mask=mask).logits.float()[:, self.label].cpu()
+        if self.model.config.num_labels > 1:
+            return self.model(input_ids=ids, attention_mask=mask).logits.float()[:, self.label].cpu()
         return sequence_scores(self.model, ids, mask, torch.tensor(lengths) - 1).cpu()
 
     def score_texts(self, prompts: Sequence[str], answers: Sequence[str]) -> list[float]:

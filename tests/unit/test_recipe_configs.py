@@ -72,6 +72,9 @@ ADDED_LEARNER_FIELDS = {"trains": "policy", "weight_sync_bucket_mb": 256,
 ADDED_EVAL_FIELDS = {"models": {}, "label": "base"}
 # World fields added after the baseline, with the value every world had before
 ADDED_WORLD_FIELDS = {"cold_start_history": 1}
+# Scalar RM fields added after the baseline (issue 50), with what the RM did before: one-output heads, no code of
+# the checkpoint's own
+ADDED_SCALAR_RM_FIELDS = {"label": None, "trust_remote_code": False}
 # vLLM engine fields added after the baseline (issue 38). enforce_eager None: eager on CPU, as every engine was
 # built before; CUDA graphs on GPU (issue 49, on purpose). weight_transfer auto: gloo on CPU, nccl on GPU, the
 # backends the weight sync used before.
@@ -166,6 +169,9 @@ def test_every_recipe_resolves_to_its_effective_settings_before(name):
             continue
         if path[0] in ("pgenrm", "scaling", "reward") and path[-1] in ADDED_PGENRM_FIELDS:
             assert now_leaves[path] == ADDED_PGENRM_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"
+            continue
+        if path[-2:-1] == ("scalar_rm",) and path[-1] in ADDED_SCALAR_RM_FIELDS:
+            assert now_leaves[path] == ADDED_SCALAR_RM_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"
             continue
         if path[-1] in ADDED_WORLD_FIELDS:
             assert now_leaves[path] == ADDED_WORLD_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"
