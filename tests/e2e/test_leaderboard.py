@@ -22,8 +22,8 @@ METHODS = ["bt_embedding", "pal", "lore", "vpl", "gpo"]
 
 def committed_outcomes(folder: Path, world: int) -> Path:
     """A stand-in for a committed study's outcomes of the same world: an arm that is right on every seen pair."""
-    from pr_rlhf.leaderboard.data import evaluation_items
     from pr_rlhf.configs.world import WorldConfig
+    from pr_rlhf.leaderboard.data import evaluation_items
     from pr_rlhf.world import build_world
 
     items = evaluation_items(build_world(WorldConfig(**WORLD, seed=world)))
