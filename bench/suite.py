@@ -65,6 +65,7 @@ BENCHES: tuple[Bench, ...] = (
     Bench("reward_service_load", "reward_service_load.py", ("--scorer", "pgenrm")),
     Bench("reward_service_load_scalar", "reward_service_load.py", ("--scorer", "scalar")),
     Bench("online_service", "online_service.py"),
+    Bench("scorers", "scorers.py"),
 )
 
 
