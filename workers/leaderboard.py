@@ -226,6 +226,79 @@ class Leaderboard:
                 "ci_high": high, "pairs": len(values), "users": len(set(users)), "errors": result["errors"],
                 "outcomes": outcome, "users_of": {it.pair_id: it.user_id for it in items}}
 
+    def service_few_shot(self, seed: int) -> list[dict[str, Any]]:
+        """The few-shot curve through the running reward service (``few_shot.service`` methods): each cold-start
+        user's pairs arrive as ``/feedback`` one k after the other, and after each k the user's test pairs are scored
+        through ``/score``, which reads the stored pairs (nothing in the request); each verdict beside the offline
+        curve's (the same model and pairs: they must agree)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from ray import serve
+
+        from pr_rlhf.configs.reward import reward_config
+        from pr_rlhf.configs.serve import ServeConfig, UserStoreConfig
+        from pr_rlhf.serve.client import ServiceClient
+        from pr_rlhf.serve.users import sqlite_url
+        from workers.learner.ranks import free_port
+        from workers.reward_service import deploy
+
+        fs = self.cfg.few_shot
+        folder = self.out / f"w{seed}"
+        path = folder / "few_shot_service.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+        sets = self._few_shot_sets(seed)
+        items = sets[f"k{max(fs.ks)}"]
+        pairs_of = {it.user_id: it.history for it in items}          # each cold user's pairs, in order
+        offline = {(r["method"], r["k"]): r["outcomes"] for r in self.few_shot(seed)}
+        records, port = [], free_port()
+        for method in fs.service:
+            for old in folder.glob(f"service_{method}.sqlite*"):
+                old.unlink()
+            reward = reward_config(kind=method, model=str(folder / "models" / method), embedder=self.cfg.embedder,
+                                   history_pairs=max(fs.ks))
+            base = deploy(ServeConfig(reward=reward, port=port, name=f"few_shot_{method}",
+                                      route_prefix=f"/{method}", num_cpus=1,
+                                      users=UserStoreConfig(url=sqlite_url(folder / f"service_{method}.sqlite"),
+                                                            history_pairs=max(fs.ks), embedder=None,
+                                                            profile_items=0)))
+            client = ServiceClient(base, seed=self.cfg.seed)
+            sent = 0
+            try:
+                with ThreadPoolExecutor(fs.clients) as pool:
+                    for k in sorted(fs.ks):
+                        def send(user: str, start: int = sent, stop: int = k) -> None:
+                            for i in range(start, stop):   # one user's pairs in order, as one person sends them
+                                h = pairs_of[user][i]
+                                client.post("/feedback", {"user_id": user, "query": h["question"],
+                                                          "chosen": h["chosen"], "rejected": h["rejected"],
+                                                          "idempotency_key": f"{user}-{i}"})
+
+                        list(pool.map(send, sorted(pairs_of)))
+                        sent = k
+
+                        def score(it: Item) -> float:
+                            body = client.post("/score", {"user_id": it.user_id, "query": it.question,
+                                                          "responses": [it.chosen, it.rejected]})
+                            first, second = body["scores"]
+                            return 1.0 if first > second else 0.0 if first < second else 0.5
+
+                        outcome = dict(zip((it.pair_id for it in items), pool.map(score, items)))
+                        expected = offline.get((method, k), {})
+                        agree = sum(outcome[p] == v for p, v in expected.items())
+                        records.append(self._few_shot_record(seed, method, k, items, {"outcomes": outcome,
+                                                                                      "errors": 0}))
+                        records[-1].update({"route": "service", "agreement": agree,
+                                            "compared": len(expected)})
+                        self.log(f"world {seed} service k={k}: {method} agrees with the offline curve on "
+                                 f"{agree} of {len(expected)} pairs")
+            finally:
+                client.close()
+                serve.delete(f"few_shot_{method}")
+        serve.shutdown()
+        atomic_write_text(path, json.dumps(records))
+        return records
+
     def few_shot(self, seed: int) -> list[dict[str, Any]]:
         path = self.out / f"w{seed}" / "few_shot.json"
         return json.loads(path.read_text()) if path.is_file() else []
@@ -262,6 +335,11 @@ class Leaderboard:
                 atomic_write_text(self.out / f"{name}.md", table.few_shot_markdown(curve, LABELS))
                 table.few_shot_plot(curve, self.out / f"{name}.png", LABELS)
                 out[name] = curve
+            service = [r for s in self.cfg.few_shot.service_worlds for r in self.service_few_shot(s)]
+            if service:
+                summary = [{k: v for k, v in r.items() if k not in ("outcomes", "users_of")} for r in service]
+                atomic_write_text(self.out / "few_shot_service.json", json.dumps(summary, indent=1) + "\n")
+                out["few_shot_service"] = summary
         return out
 
 

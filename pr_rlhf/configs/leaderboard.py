@@ -33,6 +33,11 @@ class FewShotConfig(StrictModel):
     ks: list[int] = Field(default_factory=lambda: [0, 1, 2, 4, 8], description="pairs given to each cold user")
     cold_start_history: int = Field(8, ge=1, description="train pairs each cold user has in the few-shot worlds "
                                                          "(the largest k needs at least that many)")
+    service: list[str] = Field(default_factory=list, description="methods whose curve also runs through the reward "
+                                                                 "service: the pairs sent as /feedback, the test "
+                                                                 "pairs scored through /score")
+    service_worlds: list[int] = Field(default_factory=list, description="the worlds of the service's curve")
+    clients: int = Field(16, ge=1, description="concurrent clients of the service's curve")
 
     @model_validator(mode="after")
     def _ks_fit(self) -> FewShotConfig:
@@ -87,6 +92,13 @@ class LeaderboardConfig(StrictModel):
             value = getattr(self, field)
             if value is not None and value not in rows:
                 raise ValueError(f"{field} {value!r} is neither a method nor a reused arm")
+        if self.few_shot is not None:
+            unknown = sorted(set(self.few_shot.service) - set(self.methods))
+            if unknown:
+                raise ValueError(f"few_shot.service: {unknown} are not among the methods")
+            unknown = sorted(set(self.few_shot.service_worlds) - set(self.worlds) - set(self.development_worlds))
+            if unknown:
+                raise ValueError(f"few_shot.service_worlds: {unknown} are not among the worlds")
         if set(self.worlds) & set(self.development_worlds):
             raise ValueError("a development world cannot also be a reported world")
         return self

@@ -1,8 +1,9 @@
 """`pr-rlhf leaderboard` as a user runs it, shrunk (a 30-user world, 150 training steps): every embedding method
 trained in a Ray task and scored through a reward pool on the world's evaluation pairs, beside the world's references
 and a reused row (a committed outcomes file's arm, read not recomputed), one table whose every accuracy is the
-per-pair outcomes' mean (users as the bootstrap's unit), a development world apart, the few-shot curve; a rerun
-trains and scores nothing again. The full run is recipes/leaderboard.yaml (docs/results/leaderboard/)."""
+per-pair outcomes' mean (users as the bootstrap's unit), a development world apart, the few-shot curve, and PAL's
+curve through the running reward service (pairs sent as /feedback) agreeing with it pair for pair; a rerun trains
+and scores nothing again. The full run is recipes/leaderboard.yaml (docs/results/leaderboard/)."""
 import json
 import os
 from pathlib import Path
@@ -39,7 +40,8 @@ def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
     recipe.write_text(yaml.safe_dump({"name": "leaderboard_e2e", "seed": 0, "leaderboard": {
         "worlds": [1], "development_worlds": [7], "world": WORLD, "train": {"steps": 150},
         "reuse": {"study": str(tmp_path / "study" / "w{world}" / "outcomes.json") + ":oracle_arm"},
-        "against": "study", "few_shot": {"ks": [0, 2], "cold_start_history": 2}, "n_bootstrap": 200}}))
+        "against": "study", "n_bootstrap": 200,
+        "few_shot": {"ks": [0, 2], "cold_start_history": 2, "service": ["pal"], "service_worlds": [1]}}}))
     out = tmp_path / "run"
     first = run_cli(["leaderboard", str(recipe), "--out", str(out)], hang_timeout_s=HANG_S, env=CLI_ENV)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -64,6 +66,10 @@ def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
     assert (out / "development.json").is_file() and json.loads((out / "development.json").read_text())["worlds"] == [7]
     curve = json.loads((out / "few_shot.json").read_text())["curve"]
     assert {(c["method"], c["k"]) for c in curve} == {(m, k) for m in METHODS for k in (0, 2)}
+    # the curve through the running service (feedback stored, then /score reading it) agrees pair for pair
+    service = json.loads((out / "few_shot_service.json").read_text())
+    assert [(r["method"], r["k"]) for r in service] == [("pal", 0), ("pal", 2)]
+    assert all(r["agreement"] == r["compared"] == r["pairs"] > 0 for r in service), service
     for name in ("leaderboard.md", "leaderboard.png", "few_shot.md", "few_shot.png"):
         assert (out / name).is_file(), name
 
