@@ -13,7 +13,7 @@ from pr_rlhf.configs.world import WorldConfig
 from pr_rlhf.records import SourceOutput
 from pr_rlhf.shards import ShardConfig, write_shards
 
-SOURCES = ("synthetic", "prb", "lamp_qa", "personal_rewardbench")
+SOURCES = ("synthetic", "prb", "lamp_qa", "personal_rewardbench", "dsp")
 ISSUES_FILE = "issues.jsonl"
 
 

@@ -126,7 +126,7 @@ def print_plan(result) -> None:
 
 @data_app.command("build")
 def data_build(
-    source: Optional[SourceName] = typer.Option(None, help="synthetic | prb | lamp_qa | personal_rewardbench"),
+    source: Optional[SourceName] = typer.Option(None, help="synthetic | prb | lamp_qa | personal_rewardbench | dsp"),
     input: Optional[str] = typer.Option(None, "--input", "-i", help="local directory, or an HF dataset name"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="output shard directory"),
     embedder: Optional[str] = typer.Option(None, help="minilm (shipped) | bm25 | local encoder path"),

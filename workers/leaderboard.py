@@ -87,7 +87,8 @@ class Leaderboard:
         world = build_world(self.world_config(seed))
         items = evaluation_items(world)
         outcomes = self._frame(seed, items)
-        arms, costs = self._methods(world, folder, items)
+        few = self._few_shot_sets(seed)
+        arms, costs = self._methods(f"world {seed}", folder, items, lambda: training_pairs(world), few, seed)
         rows = {**arms, **reference_outcomes(world, self.cfg.references), **self._reused(seed)}
         users = {it.pair_id: it.user_id for it in items}
         for name, per_pair in rows.items():
@@ -125,15 +126,15 @@ class Leaderboard:
             out[name] = {p: v for p, v in zip(known.pairs, known.arms[arm]) if v is not None}
         return out
 
-    def _methods(self, world, folder: Path, items: list[Item]) -> tuple[dict, dict]:
-        """Each method trained (unless COMPLETE), then scored (unless scored) on the evaluation pairs and, through
-        the same pool, on the few-shot sets."""
+    def _methods(self, where: str, folder: Path, items: list[Item], training: Callable[[], list],
+                 few: dict[str, list[Item]], seed: int | None) -> tuple[dict, dict]:
+        """Each method trained (unless COMPLETE) on the ``training()`` pairs, then scored (unless scored) on the
+        evaluation pairs and, through the same pool, on the few-shot sets."""
         arms: dict[str, dict[str, float]] = {}
         costs: dict[str, dict[str, float]] = {}
         todo = [m for m in self.cfg.methods if not is_complete(folder / "models" / m)]
         if todo:
-            self._train(world, folder, todo)
-        few = self._few_shot_sets(world.config.seed)
+            self._train(where, folder, todo, training)
         few_path = folder / "few_shot.json"
         records = json.loads(few_path.read_text()) if few_path.is_file() else []
         have = {(r["method"], r["k"]) for r in records}
@@ -145,7 +146,7 @@ class Leaderboard:
                 scored = self.score_sets(method, folder / "models" / method, sets)
                 if "main" in scored:
                     atomic_write_text(path, json.dumps(scored.pop("main")))
-                records += [self._few_shot_record(world.config.seed, method, int(key[1:]), few[key], result)
+                records += [self._few_shot_record(seed, method, int(key[1:]), few[key], result)
                             for key, result in scored.items()]
                 if scored:
                     atomic_write_text(few_path, json.dumps(records))
@@ -155,12 +156,12 @@ class Leaderboard:
             costs[method] = {"train_s": config.get("train_s", float("nan")), "score_s": saved["score_s"]}
         return arms, costs
 
-    def _train(self, world, folder: Path, methods: list[str]) -> None:
+    def _train(self, where: str, folder: Path, methods: list[str], training: Callable[[], list]) -> None:
         import ray
 
         data = folder / "train.npz"
         if not data.is_file():
-            pairs = embed_training(training_pairs(world), self.embedder)
+            pairs = embed_training(training(), self.embedder)
             chosen, rejected, index = pairs.flat()
             users = np.array([pairs.users[i] for i in index.tolist()])
             folder.mkdir(parents=True, exist_ok=True)
@@ -171,7 +172,7 @@ class Leaderboard:
         refs = {m: task.remote(str(data), m, self.cfg.methods[m], settings, str(folder / "models" / m),
                                self.cfg.embedder) for m in methods}
         for method, ref in refs.items():
-            self.log(f"world {world.config.seed}: trained {method} in {ray.get(ref)['train_s']:.1f} s")
+            self.log(f"{where}: trained {method} in {ray.get(ref)['train_s']:.1f} s")
 
     def score_sets(self, method: str, model: Path, sets: dict[str, list[Item]]) -> dict[str, dict[str, Any]]:
         """Each set's ``pair id -> 1 / 0.5 / 0`` (the chosen response's reward above, equal to, below the rejected
@@ -202,6 +203,35 @@ class Leaderboard:
                     outcome[it.pair_id] = 1.0 if c.score > r.score else 0.0 if c.score < r.score else 0.5
                 out[key] = {"outcomes": outcome, "errors": errors, "score_s": seconds}
         return out
+
+    # -- a real pair set ---------------------------------------------------------------------------------------
+    def run_dataset(self, name: str) -> WorldOutcomes:
+        from pr_rlhf.leaderboard.data import shard_dataset
+
+        spec = self.cfg.datasets[name]
+        folder = self.out / "datasets" / name
+        training, items, units = shard_dataset(spec.shards, spec.history_pairs, spec.cluster)
+        outcomes = WorldOutcomes(0, [it.pair_id for it in items], [it.user_id for it in items],
+                                 [it.group for it in items], [False] * len(items),
+                                 clusters=units if spec.cluster != "user" else None)
+        arms, costs = self._methods(f"dataset {name}", folder, items, lambda: training, {}, None)
+        users = {it.pair_id: it.user_id for it in items}
+        for method, per_pair in arms.items():
+            outcomes.add_arm(method, per_pair, users)
+        outcomes.meta = {"costs": costs, "dataset": name, "shards": spec.shards, "licence": spec.licence,
+                         "cluster": spec.cluster, "history_pairs": spec.history_pairs}
+        outcomes.save(folder / "outcomes.json")
+        result = table.build_board([outcomes], list(arms), baseline=self.cfg.baseline if self.cfg.baseline in arms
+                                   else None, against=None, n_bootstrap=self.cfg.n_bootstrap, seed=self.cfg.seed,
+                                   costs=costs)
+        result["dataset"] = {k: v for k, v in outcomes.meta.items() if k != "costs"}
+        atomic_write_text(self.out / "datasets" / f"{name}.json", json.dumps(result, indent=1) + "\n")
+        unit = "queries" if spec.cluster == "query" else "users"
+        atomic_write_text(self.out / "datasets" / f"{name}.md", table.markdown(
+            result, LABELS, f"{name} (CIs resample {unit}; licence: {spec.licence or 'see the source'})"))
+        table.plot(result, self.out / "datasets" / f"{name}.png", LABELS)
+        self.log(f"dataset {name}: {len(items)} evaluation pairs, {len(training)} training pairs")
+        return outcomes
 
     # -- few-shot ----------------------------------------------------------------------------------------------
     def _few_shot_sets(self, seed: int) -> dict[str, list[Item]]:
@@ -305,6 +335,8 @@ class Leaderboard:
 
     # -- everything --------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        for name in self.cfg.datasets:
+            self.run_dataset(name)
         reported = [self.run_world(s) for s in self.cfg.worlds]
         development = [self.run_world(s) for s in self.cfg.development_worlds]
         rows = list(dict.fromkeys(r for w in reported + development for r in w.arms))

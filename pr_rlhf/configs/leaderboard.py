@@ -4,7 +4,7 @@ Imports pydantic only. The driver is ``workers/leaderboard.py``, the table ``pr_
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -47,6 +47,17 @@ class FewShotConfig(StrictModel):
         return self
 
 
+class ShardDatasetConfig(StrictModel):
+    """Real pairs from a shard folder (`pr-rlhf data build`), beside the worlds."""
+
+    shards: str = Field(..., description="the shard folder")
+    history_pairs: int = Field(8, ge=0, description="each user's first history pairs an evaluated pair is given "
+                                                    "(VPL and GPO read them; PAL and LoRe know a seen user)")
+    cluster: Literal["user", "query"] = Field("user", description="the bootstrap's unit: the user, or the query "
+                                                                   "(a set of a few users)")
+    licence: str = Field("", description="the data's licence, written beside the results")
+
+
 class LeaderboardConfig(StrictModel):
     INHERITED: ClassVar[tuple[str, ...]] = ("seed", "out")
 
@@ -62,6 +73,8 @@ class LeaderboardConfig(StrictModel):
                     "3, variant: points})")
     train: EmbeddingTrainConfig = Field(default_factory=EmbeddingTrainConfig)
     embedder: str = Field("minilm", description="the frozen text encoder of every embedding method")
+    datasets: dict[str, ShardDatasetConfig] = Field(default_factory=dict, description="real pair sets evaluated "
+                                                    "beside the worlds, each in a table of its own")
     reuse: dict[str, str] = Field(
         default_factory=dict, description="arms whose per-pair outcomes are read, not recomputed: name -> "
         "'<file with {world}>:<arm>' of a WorldOutcomes file (e.g. P-GenRM's committed study: "

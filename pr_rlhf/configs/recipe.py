@@ -46,7 +46,7 @@ __all__ = ["DataConfig", "EngineConfig", "EvalConfig", "GenerationConfig", "Reci
 # The union tags pydantic puts into an error's location (reward.genrm.judge): not part of the recipe's own path.
 UNION_TAGS: frozenset[str] = frozenset(ENGINE_MEMBERS) | frozenset(REWARD_MEMBERS)
 
-SourceName = Literal["synthetic", "prb", "lamp_qa", "personal_rewardbench"]
+SourceName = Literal["synthetic", "prb", "lamp_qa", "personal_rewardbench", "dsp"]
 
 
 class RetrievalConfig(StrictModel):

@@ -43,11 +43,15 @@ class WorldOutcomes:
     contested: list[bool]             # the types consistent with the pair's evidence disagree
     arms: dict[str, list[float | None]] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    # the bootstrap's unit per pair when it is not the user (a set of a few users resamples its queries)
+    clusters: list[str] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.pairs)
         if not (len(self.users) == len(self.groups) == len(self.contested) == n):
             raise ValueError(f"world {self.world}: pairs, users, groups and contested differ in length")
+        if self.clusters is not None and len(self.clusters) != n:
+            raise ValueError(f"world {self.world}: {len(self.clusters)} clusters for {n} pairs")
         for arm, values in self.arms.items():
             if len(values) != n:
                 raise ValueError(f"world {self.world}, arm {arm!r}: {len(values)} outcomes for {n} pairs")
@@ -71,7 +75,8 @@ class WorldOutcomes:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         doc = {"world": self.world, "pairs": self.pairs, "users": self.users, "groups": self.groups,
-               "contested": self.contested, "arms": self.arms, "meta": self.meta}
+               "contested": self.contested, "arms": self.arms, "meta": self.meta,
+               **({"clusters": self.clusters} if self.clusters is not None else {})}
         path.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
         return path
 
@@ -79,7 +84,7 @@ class WorldOutcomes:
     def load(cls, path: str | Path) -> WorldOutcomes:
         doc = json.loads(Path(path).read_text())
         return cls(int(doc["world"]), doc["pairs"], doc["users"], doc["groups"], [bool(c) for c in doc["contested"]],
-                   doc["arms"], doc.get("meta", {}))
+                   doc["arms"], doc.get("meta", {}), doc.get("clusters"))
 
     def accuracy(self, arm: str, group: str, part: str = "all") -> dict[str, float] | None:
         idx = self.select(group, part, arm)
@@ -116,7 +121,7 @@ def world_difference(w: WorldOutcomes, ep: Endpoint, n_bootstrap: int, seed: int
     if not idx:
         return None
     diff = np.array([w.arms[ep.new][i] - w.arms[ep.old][i] for i in idx], dtype=float)
-    users = cluster_ids([w.users[i] for i in idx])
+    users = cluster_ids([(w.clusters or w.users)[i] for i in idx])
     sums = np.bincount(users, weights=diff)
     counts = np.bincount(users).astype(float)
     rng = seeded_rng(seed, ep.name, str(w.world))

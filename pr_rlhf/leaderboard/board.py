@@ -24,7 +24,7 @@ def _with_zero(worlds: Sequence[WorldOutcomes]) -> list[WorldOutcomes]:
     out = []
     for w in worlds:
         arms = {**w.arms, ZERO: [0.0] * len(w.pairs)}
-        out.append(WorldOutcomes(w.world, w.pairs, w.users, w.groups, w.contested, arms, w.meta))
+        out.append(WorldOutcomes(w.world, w.pairs, w.users, w.groups, w.contested, arms, w.meta, w.clusters))
     return out
 
 

@@ -74,3 +74,49 @@ def reference_outcomes(world: World, predictors: Sequence[str]) -> dict[str, dic
                 row = out.setdefault(name + suffix, {})
                 row.update(zip(scores["pair_ids"], (float(v) for v in scores[name])))
     return out
+
+
+@dataclass
+class TrainPair:
+    """A training pair of a dataset read from shards (the fields ``embed_training`` reads, as a world pair has)."""
+
+    pair_id: str
+    user_id: str
+    question: str
+    chosen: str
+    rejected: str
+
+
+def shard_dataset(shards: str, history_pairs: int, cluster: str = "user") -> tuple[list[TrainPair], list[Item],
+                                                                                 list[str]]:
+    """(training pairs, evaluation items, each item's bootstrap unit) of a shard folder (`pr-rlhf data build`):
+    seen users' train pairs train; their val + test pairs and cold-start users' test pairs are evaluated, each with
+    the user's first ``history_pairs`` history pairs (the histories table's order); the unit is the user or, with
+    ``cluster="query"``, the query (for a set with few users)."""
+    from pr_rlhf.shards import ShardReader
+
+    reader = ShardReader(shards)
+    cold = {u for u, _ in reader.cold_start_users()}
+    pairs = {r["pair_id"]: r for r in reader.iter_rows("pairs")}
+    if not pairs:
+        raise ValueError(f"{shards}: no pairs")
+    history: dict[str, list[dict]] = {}
+    for row in reader.iter_rows("histories"):
+        missing = [p for p in row["pair_ids"] if p not in pairs]
+        if missing:
+            raise ValueError(f"{shards}: the history of user {row['user_id']!r} names pairs the pairs table lacks "
+                             f"({missing[:3]})")
+        history.setdefault(row["user_id"], []).extend(
+            {"question": pairs[p]["question"], "chosen": pairs[p]["chosen"], "rejected": pairs[p]["rejected"]}
+            for p in row["pair_ids"])
+    training = [TrainPair(r["pair_id"], r["user_id"], r["question"], r["chosen"], r["rejected"])
+                for r in pairs.values() if r["split"] == "train" and r["user_id"] not in cold]
+    items, units = [], []
+    for r in pairs.values():
+        group = "cold" if r["user_id"] in cold else "seen"
+        if r["split"] not in (("test",) if group == "cold" else ("val", "test")):
+            continue
+        items.append(Item(r["pair_id"], r["user_id"], group, r["question"], r["chosen"], r["rejected"],
+                          history.get(r["user_id"], [])[:history_pairs]))
+        units.append(r["query_id"] if cluster == "query" else r["user_id"])
+    return training, items, units
