@@ -362,7 +362,10 @@ class Leaderboard:
                 rows_fs = [r for s in seeds for r in self.few_shot(s)]
                 if not rows_fs:
                     continue
-                curve = table.few_shot_board(rows_fs, self.cfg.n_bootstrap, self.cfg.seed)
+                frames = table.few_shot_frames(rows_fs)
+                for frame in frames:   # every k's per-pair outcomes with user ids, one file per world
+                    frame.save(self.out / f"w{frame.world}" / "few_shot_outcomes.json")
+                curve = table.few_shot_board(frames, self.cfg.n_bootstrap, self.cfg.seed)
                 atomic_write_text(self.out / f"{name}.json", json.dumps(curve, indent=1) + "\n")
                 atomic_write_text(self.out / f"{name}.md", table.few_shot_markdown(curve, LABELS))
                 table.few_shot_plot(curve, self.out / f"{name}.png", LABELS)

@@ -25,6 +25,8 @@ class EmbeddingTrainConfig(StrictModel):
     user_lr: float = Field(3e-2, gt=0, description="pal, lore: the seen users' weights")
     weight_decay: float = Field(1e-4, ge=0)
     kl_weight: float = Field(0.01, ge=0, description="vpl: the KL term's final weight")
+    max_context: int = Field(16, ge=1, description="vpl, gpo: the most pairs an episode's context holds")
+    max_targets: int = Field(32, ge=1, description="vpl, gpo: the most target pairs an episode scores")
 
 
 class FewShotConfig(StrictModel):

@@ -4,7 +4,7 @@ seed, and saving / loading them (a folder: ``config.json`` + ``model.safetensors
 - ``bt_embedding``, ``pal``, ``lore`` learn from mini-batches of pairs: the global reward, or each seen user's
   weights and the shared prototypes / basis together.
 - ``vpl``, ``gpo`` are meta-trained over users: each step takes some users and splits each one's pairs at random
-  into a context (1 to k-1 pairs) and targets (the rest); the loss is the Bradley-Terry likelihood of the targets
+  into a context (1 to k-1 pairs, at most ``max_context``) and targets (the rest, at most ``max_targets``); the loss is the Bradley-Terry likelihood of the targets
   given the context (VPL adds the latent's KL to its prior, annealed in over the first half of training).
 """
 from __future__ import annotations
@@ -97,6 +97,8 @@ class TrainSettings:
     user_lr: float = 3e-2         # pal, lore: the seen users' weights (each sees only its own few pairs per step)
     weight_decay: float = 1e-4    # not on the users' weights (it would pull them to the uniform mixture)
     kl_weight: float = 0.01       # vpl: the KL term's final weight
+    max_context: int = 16         # vpl, gpo: the most pairs an episode's context holds (a user may have thousands)
+    max_targets: int = 32         # vpl, gpo: the most target pairs an episode scores
     seed: int = 0
 
 
@@ -155,8 +157,9 @@ def train_method(method: str, data: PairData, settings: TrainSettings | None = N
             for u in rng.choice(users, size=min(s.users_per_step, len(users)), replace=False):
                 pairs = data.contexts[str(u)]
                 order = torch.from_numpy(rng.permutation(len(pairs)))
-                m = int(rng.integers(1, len(pairs)))
-                losses.append(_episode_loss(model, pairs.subset(order[:m]), pairs.subset(order[m:]), kl_weight))
+                m = int(rng.integers(1, min(len(pairs), s.max_context + 1)))
+                losses.append(_episode_loss(model, pairs.subset(order[:m]),
+                                            pairs.subset(order[m:m + s.max_targets]), kl_weight))
             loss = torch.stack(losses).mean()
         else:
             pick = torch.from_numpy(rng.integers(0, len(index), size=min(s.batch_size, len(index))))

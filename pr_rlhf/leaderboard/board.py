@@ -144,9 +144,9 @@ def plot(board: Mapping[str, Any], path: str | Path, labels: Mapping[str, str] |
     return path
 
 
-def few_shot_board(rows: Sequence[Mapping[str, Any]], n_bootstrap: int = 2000, seed: int = 0) -> dict[str, Any]:
-    """The few-shot curve pooled over worlds: ``rows`` are (world, method, k, per-pair outcomes, users) records;
-    each (method, k) becomes a row of a board on the cold-start group, so its accuracy is pooled as every other."""
+def few_shot_frames(rows: Sequence[Mapping[str, Any]]) -> list[WorldOutcomes]:
+    """The few-shot records (world, method, k, per-pair outcomes, users) as one frame per world: each (method, k)
+    an arm ``<method>@<k>`` of the cold-start group."""
     worlds: dict[int, dict[str, dict[str, float]]] = {}
     users: dict[int, dict[str, str]] = {}
     for r in rows:
@@ -160,7 +160,13 @@ def few_shot_board(rows: Sequence[Mapping[str, Any]], n_bootstrap: int = 2000, s
         for arm, outcome in arms.items():
             frame.add_arm(arm, outcome, users[world])
         frames.append(frame)
-    names = list(dict.fromkeys(f"{r['method']}@{r['k']}" for r in rows))
+    return frames
+
+
+def few_shot_board(frames: Sequence[WorldOutcomes], n_bootstrap: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """The few-shot curve pooled over worlds (:func:`few_shot_frames`): each (method, k) is a row of a board on the
+    cold-start group, so its accuracy is pooled as every other row's."""
+    names = list(dict.fromkeys(arm for f in frames for arm in f.arms))
     board = build_board(frames, names, baseline=None, against=None, n_bootstrap=n_bootstrap, seed=seed)
     curve = []
     for name in names:

@@ -1,0 +1,58 @@
+"""The committed leaderboard (docs/results/leaderboard/) is what its committed per-pair outcomes give: the table
+(every row's accuracy and paired differences with their user-resampled CIs, per world and pooled), the few-shot
+curve, and the reused P-GenRM rows, which equal the P-GenRM study's own per-pair outcomes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pr_rlhf.configs.recipe import load_recipe
+from pr_rlhf.eval.worlds import WorldOutcomes
+from pr_rlhf.leaderboard.board import build_board, few_shot_board
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "results" / "leaderboard"
+CFG = load_recipe(ROOT / "recipes" / "leaderboard.yaml").leaderboard
+
+
+def committed(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def outcomes(world: int, name: str = "outcomes.json") -> WorldOutcomes:
+    return WorldOutcomes.load(RESULTS / f"w{world}" / name)
+
+
+def strip(board: dict) -> dict:
+    return json.loads(json.dumps({k: v for k, v in board.items() if k != "costs"}))
+
+
+@pytest.mark.parametrize("name,worlds", [("leaderboard.json", CFG.worlds),
+                                         ("development.json", CFG.development_worlds)])
+def test_the_committed_table_is_its_committed_outcomes(name, worlds):
+    table = committed(name)
+    assert table["worlds"] == worlds
+    again = build_board([outcomes(w) for w in worlds], table["rows"], baseline=CFG.baseline, against=CFG.against,
+                        n_bootstrap=CFG.n_bootstrap, seed=CFG.seed)
+    assert strip(again) == strip(table)
+
+
+def test_the_committed_few_shot_curve_is_its_committed_outcomes():
+    curve = committed("few_shot.json")
+    frames = [outcomes(w, "few_shot_outcomes.json") for w in CFG.worlds]
+    assert json.loads(json.dumps(few_shot_board(frames, CFG.n_bootstrap, CFG.seed))) == curve
+
+
+def test_the_reused_pgenrm_rows_are_the_studys_own_outcomes():
+    for world in CFG.worlds:
+        ours, study = outcomes(world), WorldOutcomes.load(ROOT / "docs" / "results" / "pgenrm_worlds" / f"w{world}"
+                                                          / "outcomes.json")
+        for name, spec in CFG.reuse.items():
+            arm = spec.split(":", 1)[1]
+            if arm not in study.arms:
+                assert name not in ours.arms
+                continue
+            theirs = dict(zip(study.pairs, study.arms[arm]))
+            assert [theirs[p] for p in ours.pairs] == ours.arms[name], (world, name)
