@@ -395,6 +395,75 @@ class EmbeddingScorer(Scorer):
         return [e for e in out if e is not None]
 
 
+class PersonaScorer(Scorer):
+    """A SynthesizeMe persona per user (built once per set of history pairs) read as the user's stated preferences
+    by the judge's 1-10 rating, or by a scalar RM's user block."""
+
+    def __init__(self, cfg: RewardConfig, engine: Any = None):
+        from pr_rlhf.models import make_engine
+        from pr_rlhf.models.base import SamplingParams
+
+        self.cfg = cfg
+        self._own = engine is None
+        self.engine = make_engine(cfg.judge) if engine is None else engine
+        gen = cfg.generation
+        self.params = SamplingParams(temperature=gen.temperature, top_p=gen.top_p, max_tokens=gen.max_tokens,
+                                     seed=cfg.seed if gen.temperature > 0 else None)
+        self.rm = None
+        if cfg.scalar_rm is not None:
+            from pr_rlhf.reward.scalar import ScalarRM
+
+            self.rm = ScalarRM(cfg.scalar_rm, device=cfg.scalar_rm.device, dtype=cfg.scalar_rm.dtype)
+        self.personas: dict[str, Any] = {}
+
+    def persona(self, user_id: str, history: list[dict]) -> Any:
+        import hashlib
+        import json
+
+        from pr_rlhf.reward.persona import Choice, synthesize
+
+        pairs = history[-self.cfg.history_pairs:]
+        key = user_id + hashlib.sha256(json.dumps(pairs, sort_keys=True).encode()).hexdigest()
+        if key not in self.personas:
+            choices = [Choice(f"{user_id}:{i}", str(h.get("question", "")), str(h.get("chosen", "")),
+                              str(h.get("rejected", ""))) for i, h in enumerate(pairs)]
+            self.personas[key] = synthesize(self.engine, choices, self.params, seed=self.cfg.seed,
+                                            candidates=self.cfg.candidates, validation=self.cfg.validation_pairs)
+        return self.personas[key]
+
+    def evaluate(self, requests: Sequence[RewardRequest]) -> list[Evaluation]:
+        from dataclasses import replace
+
+        from pr_rlhf.reward.inputs import stated_block
+
+        inputs = []
+        for r in requests:
+            inp = request_input(r)
+            inputs.append(replace(inp, stated_preferences=self.persona(r.user_id, list(inp.history)).text))
+        if self.rm is not None:   # the persona before the question, as a profile block would be
+            ids = [self.rm.encoder.encode_text(f"{stated_block(inp)}\n\n{inp.question}".strip(), inp.chosen)
+                   for inp in inputs]
+            return [Evaluation((s,)) for s in self.rm.score_ids(ids)]
+        from pr_rlhf.prompts import chat
+        from pr_rlhf.reward.inputs import conversation_block
+        from pr_rlhf.reward.pointwise import parse_score
+
+        prompts = [chat("pointwise", user_block=stated_block(inp), conversation_block=conversation_block(inp),
+                        question=inp.question, answer=inp.chosen) for inp in inputs]
+        out = []
+        for gen in self.engine.generate(prompts, self.params):
+            if not gen.ok or not gen.samples:
+                out.append(Evaluation(None, f"engine_error: {gen.error}" if gen.error else "empty"))
+                continue
+            parsed = parse_score(gen.samples[0].text)
+            out.append(Evaluation((parsed.value,)) if parsed.ok else Evaluation(None, parsed.error))
+        return out
+
+    def close(self) -> None:
+        if self._own:
+            self.engine.close()
+
+
 def build_scaled_judge(cfg: RewardConfig, engine: Any) -> Any:
     """A ScaledJudge for a reward worker: prototypes loaded from their artifacts (for the configured embedder),
     the member users' histories from ``scaling_members``."""
@@ -436,4 +505,6 @@ def build_scorer(cfg: RewardConfig) -> Scorer:
         return RubricScorer(cfg)
     if cfg.kind in EMBEDDING_KINDS:
         return EmbeddingScorer(cfg)
+    if cfg.kind == "persona":
+        return PersonaScorer(cfg)
     raise ValueError(f"unknown reward kind {cfg.kind!r}")

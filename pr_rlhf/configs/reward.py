@@ -34,6 +34,8 @@ fields are typed :data:`RewardConfig` (the union) and code builds one with :func
   floor, PAL, LoRe, VPL, GPO. A request's user is the seen user the model learned, or is read from the request's
   history pairs (``meta["history"]``: PAL and LoRe fit the user's weights on them, VPL encodes them, GPO attends to
   them); with neither, the population's prior.
+- ``"persona"`` (:class:`PersonaRewardConfig`): SynthesizeMe's persona, induced per user from the request's
+  history pairs on any engine and read by a judge (or a scalar RM) as the user's stated preferences.
 """
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ from pr_rlhf.configs.scaling import ScalingConfig
 from pr_rlhf.configs.world import WorldConfig
 
 RewardKind = Literal["gold", "world_estimate", "scalar", "genrm", "http", "rubric", "bt_embedding", "pal", "lore",
-                     "vpl", "gpo"]
+                     "vpl", "gpo", "persona"]
 EMBEDDING_KINDS = ("bt_embedding", "pal", "lore", "vpl", "gpo")
 WORLD_ESTIMATORS = ("oracle", "logistic_regression", "no_history", "true_weights")
 
@@ -218,11 +220,28 @@ class GPORewardConfig(EmbeddingRewardConfig):
     kind: Literal["gpo"] = "gpo"
 
 
+class PersonaRewardConfig(RewardBase):
+    """A persona per user, induced from the request's history pairs as SynthesizeMe does
+    (``pr_rlhf.reward.persona``), read by a judge rating each response 1-10 (the pointwise prompt, the persona as
+    the user's stated preferences) or, with ``scalar_rm``, by a scalar RM's user block ("FT RM + persona")."""
+
+    kind: Literal["persona"] = "persona"
+    judge: EngineConfig = Field(default_factory=engine_config, description="writes the traces and the persona, and "
+                                                                           "rates responses unless scalar_rm is set")
+    generation: GenerationConfig = Field(default_factory=GenerationConfig, description="the engine's sampling")
+    candidates: int = Field(3, ge=1, description="personas drafted per user; the one predicting the user's held-out "
+                                                 "choices best is kept")
+    validation_pairs: int = Field(2, ge=1, description="the user's latest history pairs held out to pick the persona")
+    history_pairs: int = Field(8, ge=2, description="the most history pairs of a request the persona is built from")
+    scalar_rm: ScalarRMConfig | None = Field(None, description="read the persona with this scalar RM instead of the "
+                                                               "judge")
+
+
 REWARD_MEMBERS: dict[str, type[RewardBase]] = {
     "gold": GoldRewardConfig, "world_estimate": WorldEstimateRewardConfig, "scalar": ScalarRewardConfig,
     "genrm": GenRMRewardConfig, "http": HTTPRewardConfig, "rubric": RubricRewardConfig,
     "bt_embedding": BTEmbeddingRewardConfig, "pal": PALRewardConfig, "lore": LoReRewardConfig,
-    "vpl": VPLRewardConfig, "gpo": GPORewardConfig}
+    "vpl": VPLRewardConfig, "gpo": GPORewardConfig, "persona": PersonaRewardConfig}
 REWARD_KINDS: tuple[str, ...] = tuple(REWARD_MEMBERS)
 RewardConfig = tagged_union(REWARD_MEMBERS, "kind", "gold", "reward")
 reward_config: Callable[..., RewardBase] = parser(RewardConfig)

@@ -4,8 +4,9 @@ seed, and saving / loading them (a folder: ``config.json`` + ``model.safetensors
 - ``bt_embedding``, ``pal``, ``lore`` learn from mini-batches of pairs: the global reward, or each seen user's
   weights and the shared prototypes / basis together.
 - ``vpl``, ``gpo`` are meta-trained over users: each step takes some users and splits each one's pairs at random
-  into a context (1 to k-1 pairs, at most ``max_context``) and targets (the rest, at most ``max_targets``); the loss is the Bradley-Terry likelihood of the targets
-  given the context (VPL adds the latent's KL to its prior, annealed in over the first half of training).
+  into a context (1 to k-1 pairs, at most ``max_context``) and targets (the rest, at most ``max_targets``); the
+  loss is the Bradley-Terry likelihood of the targets given the context (VPL adds the latent's KL to its prior,
+  annealed in over the first half of training).
 """
 from __future__ import annotations
 
