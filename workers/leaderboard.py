@@ -89,6 +89,7 @@ class Leaderboard:
         outcomes = self._frame(seed, items)
         few = self._few_shot_sets(seed)
         arms, costs = self._methods(f"world {seed}", folder, items, lambda: training_pairs(world), few, seed)
+        arms.update(self._models(folder, items, costs))
         rows = {**arms, **reference_outcomes(world, self.cfg.references), **self._reused(seed)}
         users = {it.pair_id: it.user_id for it in items}
         for name, per_pair in rows.items():
@@ -143,7 +144,7 @@ class Leaderboard:
             sets = {} if path.is_file() else {"main": items}
             sets.update({key: its for key, its in few.items() if (method, int(key[1:])) not in have})
             if sets:
-                scored = self.score_sets(method, folder / "models" / method, sets)
+                scored = self.score_sets(self.method_config(method, folder / "models" / method, sets), sets)
                 if "main" in scored:
                     atomic_write_text(path, json.dumps(scored.pop("main")))
                 records += [self._few_shot_record(seed, method, int(key[1:]), few[key], result)
@@ -155,6 +156,22 @@ class Leaderboard:
             arms[method] = saved["outcomes"]
             costs[method] = {"train_s": config.get("train_s", float("nan")), "score_s": saved["score_s"]}
         return arms, costs
+
+    def _models(self, folder: Path, items: list[Item], costs: dict) -> dict[str, dict[str, float]]:
+        """The recipe's other reward models (``models``: any kind) scored on the same pairs, each once."""
+        from pr_rlhf.configs.reward import reward_config
+
+        arms = {}
+        for name, spec in self.cfg.models.items():
+            path = folder / "arms" / f"{name}.json"
+            if not path.is_file():
+                cfg = reward_config(**{"pool": self.cfg.pool.model_dump(), **spec})
+                atomic_write_text(path, json.dumps(self.score_sets(cfg, {"main": items})["main"]))
+                self.log(f"{folder.name}: scored {name}")
+            saved = json.loads(path.read_text())
+            arms[name] = saved["outcomes"]
+            costs[name] = {"score_s": saved["score_s"]}
+        return arms
 
     def _train(self, where: str, folder: Path, methods: list[str], training: Callable[[], list]) -> None:
         import ray
@@ -174,23 +191,30 @@ class Leaderboard:
         for method, ref in refs.items():
             self.log(f"{where}: trained {method} in {ray.get(ref)['train_s']:.1f} s")
 
-    def score_sets(self, method: str, model: Path, sets: dict[str, list[Item]]) -> dict[str, dict[str, Any]]:
+    def method_config(self, method: str, model: Path, sets: dict[str, list[Item]]) -> Any:
+        """The reward kind of a trained embedding method, reading every history pair an item carries."""
+        from pr_rlhf.configs.reward import reward_config
+
+        longest = max([len(it.history) for items in sets.values() for it in items] + [0])
+        return reward_config(kind=method, model=str(model), embedder=self.cfg.embedder,
+                             pool=self.cfg.pool.model_dump(), history_pairs=max(longest, 1))
+
+    def score_sets(self, cfg: Any, sets: dict[str, list[Item]]) -> dict[str, dict[str, Any]]:
         """Each set's ``pair id -> 1 / 0.5 / 0`` (the chosen response's reward above, equal to, below the rejected
         one's), the pairs whose scoring failed (left out) and the seconds it took, through one reward pool hosting
-        the method's reward kind."""
-        from pr_rlhf.configs.reward import reward_config
+        ``cfg``. Each response is scored apart; a GenRM that compares a response with a reference scores the pair in
+        both orders (each response against the other) and compares the two responses' own scores."""
         from pr_rlhf.scorers import RewardRequest
         from workers.reward import RewardPool
 
-        every = [it for items in sets.values() for it in items]
-        cfg = reward_config(kind=method, model=str(model), embedder=self.cfg.embedder,
-                            pool=self.cfg.pool.model_dump(), history_pairs=max([len(it.history) for it in every] + [0]))
+        both_orders = getattr(cfg, "compares_with_reference", False)
         out = {}
         with RewardPool(cfg) as pool:
             for key, items in sets.items():
                 requests = [RewardRequest(f"{it.pair_id}|{side}", it.user_id, it.question, text,
-                                          {"history": it.history})
-                            for it in items for side, text in (("c", it.chosen), ("r", it.rejected))]
+                                          {"history": it.history, **({"reference": other} if both_orders else {})})
+                            for it in items for side, text, other in (("c", it.chosen, it.rejected),
+                                                                      ("r", it.rejected, it.chosen))]
                 start = time.perf_counter()
                 results = {r.request_id: r for r in pool.score(requests)}
                 seconds = time.perf_counter() - start
@@ -215,6 +239,7 @@ class Leaderboard:
                                  [it.group for it in items], [False] * len(items),
                                  clusters=units if spec.cluster != "user" else None)
         arms, costs = self._methods(f"dataset {name}", folder, items, lambda: training, {}, None)
+        arms.update(self._models(folder, items, costs))
         users = {it.pair_id: it.user_id for it in items}
         for method, per_pair in arms.items():
             outcomes.add_arm(method, per_pair, users)

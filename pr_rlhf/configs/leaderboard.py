@@ -77,6 +77,10 @@ class LeaderboardConfig(StrictModel):
     embedder: str = Field("minilm", description="the frozen text encoder of every embedding method")
     datasets: dict[str, ShardDatasetConfig] = Field(default_factory=dict, description="real pair sets evaluated "
                                                     "beside the worlds, each in a table of its own")
+    models: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="other reward models scored on the same pairs: name -> a reward config "
+        "(any kind: a scalar RM folder, a judge, a persona); each response scored apart (a GenRM comparing with a "
+        "reference: both orders)")
     reuse: dict[str, str] = Field(
         default_factory=dict, description="arms whose per-pair outcomes are read, not recomputed: name -> "
         "'<file with {world}>:<arm>' of a WorldOutcomes file (e.g. P-GenRM's committed study: "
@@ -102,7 +106,17 @@ class LeaderboardConfig(StrictModel):
         for name, spec in self.reuse.items():
             if ":" not in spec or "{world}" not in spec.split(":", 1)[0]:
                 raise ValueError(f"reuse.{name}: {spec!r} is not '<file with {{world}}>:<arm>'")
-        rows = {*self.methods, *self.reuse}
+        from pr_rlhf.configs.reward import reward_config
+
+        for name, spec in self.models.items():
+            try:
+                reward_config(**spec)
+            except ValueError as exc:
+                raise ValueError(f"models.{name}: {exc}") from None
+        clash = sorted(set(self.models) & (set(self.methods) | set(self.reuse)))
+        if clash:
+            raise ValueError(f"models: {clash} name rows the methods or reuse already have")
+        rows = {*self.methods, *self.reuse, *self.models}
         for field in ("baseline", "against"):
             value = getattr(self, field)
             if value is not None and value not in rows:

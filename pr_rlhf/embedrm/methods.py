@@ -97,7 +97,8 @@ class GlobalBT(EmbeddingRM):
 
 
 class WeightedRM(EmbeddingRM):
-    """K prototypes mixed by per-user simplex weights (PAL, LoRe): learned for seen users, fitted for new ones."""
+    """K prototypes mixed by per-user simplex weights (PAL, LoRe): learned for seen users, fitted for new ones. A
+    method gives the ``features`` of a response (what the prototypes see) and how weights ``mix`` them."""
 
     def __init__(self, dim: int, users: list[str], prototypes: int, **hyper: Any) -> None:
         super().__init__(dim, users, prototypes=prototypes, **hyper)
@@ -105,9 +106,13 @@ class WeightedRM(EmbeddingRM):
         self.adapt_steps = 200   # optimizer steps fitting a new user's weights
         self.user_logits = nn.Parameter(torch.zeros(len(users), prototypes))
 
-    def prototype_rewards(self, x: torch.Tensor) -> torch.Tensor:
-        """``[n, K]``: each prototype's reward (heads, LoRe) -- the user's reward is their weighted sum."""
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """``[n, K]``: each prototype's reward of each response (the heads, LoRe's basis)."""
         raise NotImplementedError
+
+    def mix(self, features: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The rewards ``[n]`` of responses with these features for weights ``[K]`` (or ``[n, K]``, one per row)."""
+        return features @ weights if weights.dim() == 1 else (features * weights).sum(-1)
 
     def weights(self, logits: torch.Tensor) -> torch.Tensor:
         return torch.softmax(logits, dim=-1)
@@ -120,19 +125,19 @@ class WeightedRM(EmbeddingRM):
         return torch.full((self.prototypes,), 1.0 / self.prototypes)
 
     def reward(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        return self.prototype_rewards(x) @ state
+        return self.mix(self.features(x), state)
 
     def fit_weights(self, context: Context, steps: int = 200, lr: float = 0.1, l2: float = 1e-2) -> torch.Tensor:
-        """A new user's weights from their pairs, everything else frozen (a convex problem for heads and LoRe:
-        Adam from the uniform mixture, a small pull towards it so that one pair does not decide alone)."""
+        """A new user's weights from their pairs, everything else frozen (convex for the heads and LoRe): Adam from
+        the uniform mixture, a small pull towards it so that one pair does not decide alone."""
         with torch.no_grad():
-            chosen, rejected = self.prototype_rewards(context.chosen), self.prototype_rewards(context.rejected)
+            chosen, rejected = self.features(context.chosen), self.features(context.rejected)
         logits = torch.zeros(self.prototypes, requires_grad=True)
         optimizer = torch.optim.Adam([logits], lr=lr)
         for _ in range(steps):
             optimizer.zero_grad()
             w = self.weights(logits)
-            loss = pair_loss(chosen @ w, rejected @ w) + l2 * logits.pow(2).sum()
+            loss = pair_loss(self.mix(chosen, w), self.mix(rejected, w)) + l2 * logits.pow(2).sum()
             loss.backward()
             optimizer.step()
         return self.weights(logits.detach())
@@ -151,31 +156,16 @@ class PAL(WeightedRM):
         # heads: K reward vectors; points: K ideal points, both in the projection's space
         self.protos = nn.Parameter(torch.randn(prototypes, proj) / math.sqrt(proj))
 
-    def prototype_rewards(self, x: torch.Tensor) -> torch.Tensor:
-        if self.variant != "heads":
-            raise RuntimeError("PAL-A's reward is not linear in the weights: use reward()")
-        return self.proj(x) @ self.protos.T
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Heads: each head's reward ``[n, K]``; points: the response's place in the projection ``[n, proj]``."""
+        f = self.proj(x)
+        return f @ self.protos.T if self.variant == "heads" else f
 
-    def reward(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    def mix(self, features: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if self.variant == "heads":
-            return super().reward(x, state)
-        ideal = state @ self.protos
-        return -(self.proj(x) - ideal).pow(2).sum(-1)
-
-    def fit_weights(self, context: Context, steps: int = 200, lr: float = 0.1, l2: float = 1e-2) -> torch.Tensor:
-        if self.variant == "heads":
-            return super().fit_weights(context, steps, lr, l2)
-        with torch.no_grad():
-            chosen, rejected = self.proj(context.chosen), self.proj(context.rejected)
-        logits = torch.zeros(self.prototypes, requires_grad=True)
-        optimizer = torch.optim.Adam([logits], lr=lr)
-        for _ in range(steps):
-            optimizer.zero_grad()
-            ideal = self.weights(logits) @ self.protos.detach()
-            loss = pair_loss(-(chosen - ideal).pow(2).sum(-1), -(rejected - ideal).pow(2).sum(-1))
-            (loss + l2 * logits.pow(2).sum()).backward()
-            optimizer.step()
-        return self.weights(logits.detach())
+            return super().mix(features, weights)
+        ideal = weights @ self.protos   # the user's ideal point: their mixture of the prototypes' points
+        return -(features - ideal).pow(2).sum(-1)
 
 
 class LoRe(WeightedRM):
@@ -185,7 +175,7 @@ class LoRe(WeightedRM):
         super().__init__(dim, users, prototypes)
         self.basis = nn.Parameter(torch.randn(dim, prototypes) / math.sqrt(dim))
 
-    def prototype_rewards(self, x: torch.Tensor) -> torch.Tensor:
+    def features(self, x: torch.Tensor) -> torch.Tensor:
         return x @ self.basis
 
 

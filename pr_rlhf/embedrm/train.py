@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from pr_rlhf.embedrm.methods import (
-    PAL,
     VPL,
     Context,
     EmbeddingRM,
@@ -107,11 +106,7 @@ def _batch_reward(model: EmbeddingRM, x: torch.Tensor, index: torch.Tensor) -> t
     """Rewards of ``x[i]`` for seen user ``index[i]`` (the methods trained on mini-batches of pairs)."""
     if not isinstance(model, WeightedRM):
         return model.reward(x, None)
-    weights = model.weights(model.user_logits[index])
-    if isinstance(model, PAL) and model.variant == "points":
-        ideal = weights @ model.protos
-        return -(model.proj(x) - ideal).pow(2).sum(-1)
-    return (model.prototype_rewards(x) * weights).sum(-1)
+    return model.mix(model.features(x), model.weights(model.user_logits[index]))
 
 
 def _episode_loss(model: EmbeddingRM, context: Context, targets: Context, kl_weight: float) -> torch.Tensor:

@@ -110,14 +110,31 @@ def markdown(board: Mapping[str, Any], labels: Mapping[str, str] | None = None, 
     return "\n".join(lines) + "\n"
 
 
-def plot(board: Mapping[str, Any], path: str | Path, labels: Mapping[str, str] | None = None) -> Path | None:
-    """Pooled accuracy with its CI per row, seen and cold-start users side by side."""
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the file backend, or None where matplotlib is missing (no plot then)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def _save(plt: Any, fig: Any, path: str | Path) -> Path:
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot(board: Mapping[str, Any], path: str | Path, labels: Mapping[str, str] | None = None) -> Path | None:
+    """Pooled accuracy with its CI per row, seen and cold-start users side by side."""
+    plt = _pyplot()
+    if plt is None:
         return None
     labels = labels or {}
     rows = list(board["rows"])
@@ -136,12 +153,7 @@ def plot(board: Mapping[str, Any], path: str | Path, labels: Mapping[str, str] |
         ax.set_xlabel("accuracy % (95% CI, users resampled, pooled over worlds)")
     axes[0].set_yticks(range(len(rows)), [labels.get(r, r) for r in rows])
     axes[0].invert_yaxis()
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def few_shot_frames(rows: Sequence[Mapping[str, Any]]) -> list[WorldOutcomes]:
@@ -195,12 +207,8 @@ def few_shot_markdown(curve: Mapping[str, Any], labels: Mapping[str, str] | None
 
 
 def few_shot_plot(curve: Mapping[str, Any], path: str | Path, labels: Mapping[str, str] | None = None) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return None
     labels = labels or {}
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -213,9 +221,4 @@ def few_shot_plot(curve: Mapping[str, Any], path: str | Path, labels: Mapping[st
     ax.set_xlabel("pairs given to each cold-start user (k)")
     ax.set_ylabel("accuracy % (95% CI, users resampled)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)

@@ -40,6 +40,9 @@ def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
     recipe.write_text(yaml.safe_dump({"name": "leaderboard_e2e", "seed": 0, "leaderboard": {
         "worlds": [1], "development_worlds": [7], "world": WORLD, "train": {"steps": 150},
         "reuse": {"study": str(tmp_path / "study" / "w{world}" / "outcomes.json") + ":oracle_arm"},
+        # another reward model scored on the same pairs (any kind): the world's prior-only estimate
+        "models": {"prior_rm": {"kind": "world_estimate", "world": {**WORLD, "seed": 1},
+                                "estimator": "no_history"}},
         "against": "study", "n_bootstrap": 200,
         "few_shot": {"ks": [0, 2], "cold_start_history": 2, "service": ["pal"], "service_worlds": [1]}}}))
     out = tmp_path / "run"
@@ -47,7 +50,8 @@ def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
 
     world = WorldOutcomes.load(out / "w1" / "outcomes.json")
-    assert {*METHODS, "oracle", "logistic_regression", "no_history", "oracle@all", "study"} <= set(world.arms)
+    assert {*METHODS, "oracle", "logistic_regression", "no_history", "oracle@all", "study", "prior_rm"} <= set(
+        world.arms)
     assert set(world.groups) == {"seen", "cold"} and all(u.startswith("u") for u in world.users)
     board = json.loads((out / "leaderboard.json").read_text())
     assert board["worlds"] == [1] and board["baseline"] == "bt_embedding" and board["against"] == "study"
