@@ -253,7 +253,8 @@ class Leaderboard:
         atomic_write_text(self.out / "datasets" / f"{name}.json", json.dumps(result, indent=1) + "\n")
         unit = "queries" if spec.cluster == "query" else "users"
         atomic_write_text(self.out / "datasets" / f"{name}.md", table.markdown(
-            result, LABELS, f"{name} (CIs resample {unit}; licence: {spec.licence or 'see the source'})"))
+            result, LABELS, f"{name} (licence: {spec.licence or 'see the source'})", unit=unit,
+            scope=f"{len(items)} evaluation pairs of {len({it.user_id for it in items})} users"))
         table.plot(result, self.out / "datasets" / f"{name}.png", LABELS)
         self.log(f"dataset {name}: {len(items)} evaluation pairs, {len(training)} training pairs")
         return outcomes

@@ -72,9 +72,10 @@ def _world_cell(entry: Mapping[str, Any] | None, world: int, signed: bool = Fals
     return "-"
 
 
-def markdown(board: Mapping[str, Any], labels: Mapping[str, str] | None = None, title: str = "Leaderboard") -> str:
-    """The pooled table (accuracy %, 95% CI resampling users, fixed effect over the worlds), then one table per
-    world."""
+def markdown(board: Mapping[str, Any], labels: Mapping[str, str] | None = None, title: str = "Leaderboard",
+             unit: str = "users", scope: str | None = None) -> str:
+    """The pooled table (accuracy %, 95% CI resampling ``unit``, fixed effect over the worlds), then one table per
+    world (none for a single set: ``scope`` names it instead of the worlds)."""
     labels = labels or {}
     base, other = board["baseline"], board["against"]
     head = ["row", "seen users", "cold-start users"]
@@ -83,9 +84,10 @@ def markdown(board: Mapping[str, Any], labels: Mapping[str, str] | None = None, 
     if other:
         head += [f"seen: - {labels.get(other, other)}", f"cold: - {labels.get(other, other)}"]
     head += ["train s", "score s"]
-    lines = [f"## {title}", "", f"Worlds {', '.join(map(str, board['worlds']))}; accuracy % (and differences in "
-             "points) with 95% CIs resampling users, pooled over the worlds by inverse variance (fixed effect).",
-             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    where = scope or f"Worlds {', '.join(map(str, board['worlds']))}"
+    pooled = "" if scope else ", pooled over the worlds by inverse variance (fixed effect)"
+    lines = [f"## {title}", "", f"{where}; accuracy % (and differences in points) with 95% CIs resampling {unit}"
+             f"{pooled}.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in board["rows"]:
         t = board["table"][row]
         cells = [labels.get(row, row), _cell(t.get("accuracy_seen")), _cell(t.get("accuracy_cold"))]
@@ -97,7 +99,7 @@ def markdown(board: Mapping[str, Any], labels: Mapping[str, str] | None = None, 
         cells += [f"{cost['train_s']:.0f}" if "train_s" in cost else "-",
                   f"{cost['score_s']:.0f}" if "score_s" in cost else "-"]
         lines.append("| " + " | ".join(cells) + " |")
-    for world in board["worlds"]:
+    for world in ([] if scope else board["worlds"]):
         lines += ["", f"### World {world}", "", "| row | seen users | cold-start users |" +
                   (f" seen: - {labels.get(base, base)} |" if base else ""), "|---|---|---|" + ("---|" if base else "")]
         for row in board["rows"]:
