@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,7 @@ class Leaderboard:
         outcomes = self._frame(seed, items)
         few = self._few_shot_sets(seed)
         arms, costs = self._methods(f"world {seed}", folder, items, lambda: training_pairs(world), few, seed)
-        arms.update(self._models(folder, items, costs))
+        arms.update(self._models(folder, items, costs, few, seed))
         rows = {**arms, **reference_outcomes(world, self.cfg.references), **self._reused(seed)}
         users = {it.pair_id: it.user_id for it in items}
         for name, per_pair in rows.items():
@@ -157,16 +158,34 @@ class Leaderboard:
             costs[method] = {"train_s": config.get("train_s", float("nan")), "score_s": saved["score_s"]}
         return arms, costs
 
-    def _models(self, folder: Path, items: list[Item], costs: dict) -> dict[str, dict[str, float]]:
-        """The recipe's other reward models (``models``: any kind) scored on the same pairs, each once."""
+    def _models(self, folder: Path, items: list[Item], costs: dict, few: dict[str, list[Item]],
+                seed: int | None) -> dict[str, dict[str, float]]:
+        """The recipe's other reward models (``models``: any kind) scored once each on the pairs of the worlds (or
+        sets) they are listed for, and through the same pool on the few-shot sets."""
         from pr_rlhf.configs.reward import reward_config
 
         arms = {}
-        for name, spec in self.cfg.models.items():
+        few_path = folder / "few_shot.json"
+        for name, row in self.cfg.models.items():
+            if (seed is None and not row.datasets) or (seed is not None and row.worlds is not None
+                                                       and seed not in row.worlds):
+                continue
+            records = json.loads(few_path.read_text()) if few_path.is_file() else []
+            have = {(r["method"], r["k"]) for r in records}
             path = folder / "arms" / f"{name}.json"
-            if not path.is_file():
-                cfg = reward_config(**{"pool": self.cfg.pool.model_dump(), **spec})
-                atomic_write_text(path, json.dumps(self.score_sets(cfg, {"main": items})["main"]))
+            main = [it if it.group != "seen" or row.seen_history is None else
+                    replace(it, history=it.history[:row.seen_history]) for it in items]
+            sets = {} if path.is_file() else {"main": main}
+            sets.update({key: its for key, its in few.items() if (name, int(key[1:])) not in have})
+            if sets:
+                cfg = reward_config(**{"pool": self.cfg.pool.model_dump(), **row.reward})
+                scored = self.score_sets(cfg, sets)
+                if "main" in scored:
+                    atomic_write_text(path, json.dumps(scored.pop("main")))
+                records += [self._few_shot_record(seed, name, int(key[1:]), few[key], result)
+                            for key, result in scored.items()]
+                if scored:
+                    atomic_write_text(few_path, json.dumps(records))
                 self.log(f"{folder.name}: scored {name}")
             saved = json.loads(path.read_text())
             arms[name] = saved["outcomes"]
@@ -239,7 +258,7 @@ class Leaderboard:
                                  [it.group for it in items], [False] * len(items),
                                  clusters=units if spec.cluster != "user" else None)
         arms, costs = self._methods(f"dataset {name}", folder, items, lambda: training, {}, None)
-        arms.update(self._models(folder, items, costs))
+        arms.update(self._models(folder, items, costs, {}, None))
         users = {it.pair_id: it.user_id for it in items}
         for method, per_pair in arms.items():
             outcomes.add_arm(method, per_pair, users)

@@ -60,6 +60,20 @@ class ShardDatasetConfig(StrictModel):
     licence: str = Field("", description="the data's licence, written beside the results")
 
 
+class ModelRow(StrictModel):
+    """Another reward model scored on the same pairs (and on the few-shot sets, reading each cold user's k pairs as
+    history)."""
+
+    reward: dict[str, Any] = Field(..., description="its reward config (any kind: a judge, a scalar RM folder, a "
+                                                    "persona)")
+    worlds: list[int] | None = Field(None, description="the worlds it is scored on (None: every world); a model "
+                                                       "trained on one world belongs to that world alone")
+    datasets: bool = Field(False, description="also score it on the real pair sets")
+    seen_history: int | None = Field(None, ge=0, description="the first history pairs a seen user's evaluated pair "
+                                                             "gives it (None: all; a GenRM trained on 3-pair "
+                                                             "histories reads 3)")
+
+
 class LeaderboardConfig(StrictModel):
     INHERITED: ClassVar[tuple[str, ...]] = ("seed", "out")
 
@@ -77,10 +91,9 @@ class LeaderboardConfig(StrictModel):
     embedder: str = Field("minilm", description="the frozen text encoder of every embedding method")
     datasets: dict[str, ShardDatasetConfig] = Field(default_factory=dict, description="real pair sets evaluated "
                                                     "beside the worlds, each in a table of its own")
-    models: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="other reward models scored on the same pairs: name -> a reward config "
-        "(any kind: a scalar RM folder, a judge, a persona); each response scored apart (a GenRM comparing with a "
-        "reference: both orders)")
+    models: dict[str, ModelRow] = Field(
+        default_factory=dict, description="other reward models scored on the same pairs: name -> its reward config "
+        "and where; each response scored apart (a GenRM comparing with a reference: both orders)")
     reuse: dict[str, str] = Field(
         default_factory=dict, description="arms whose per-pair outcomes are read, not recomputed: name -> "
         "'<file with {world}>:<arm>' of a WorldOutcomes file (e.g. P-GenRM's committed study: "
@@ -108,11 +121,11 @@ class LeaderboardConfig(StrictModel):
                 raise ValueError(f"reuse.{name}: {spec!r} is not '<file with {{world}}>:<arm>'")
         from pr_rlhf.configs.reward import reward_config
 
-        for name, spec in self.models.items():
+        for name, row in self.models.items():
             try:
-                reward_config(**spec)
+                reward_config(**row.reward)
             except ValueError as exc:
-                raise ValueError(f"models.{name}: {exc}") from None
+                raise ValueError(f"models.{name}.reward: {exc}") from None
         clash = sorted(set(self.models) & (set(self.methods) | set(self.reuse)))
         if clash:
             raise ValueError(f"models: {clash} name rows the methods or reuse already have")

@@ -41,8 +41,8 @@ def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
         "worlds": [1], "development_worlds": [7], "world": WORLD, "train": {"steps": 150},
         "reuse": {"study": str(tmp_path / "study" / "w{world}" / "outcomes.json") + ":oracle_arm"},
         # another reward model scored on the same pairs (any kind): the world's prior-only estimate
-        "models": {"prior_rm": {"kind": "world_estimate", "world": {**WORLD, "seed": 1},
-                                "estimator": "no_history"}},
+        "models": {"prior_rm": {"reward": {"kind": "world_estimate", "world": {**WORLD, "seed": 1},
+                                           "estimator": "no_history"}, "worlds": [1]}},
         "against": "study", "n_bootstrap": 200,
         "few_shot": {"ks": [0, 2], "cold_start_history": 2, "service": ["pal"], "service_worlds": [1]}}}))
     out = tmp_path / "run"
