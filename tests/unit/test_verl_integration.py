@@ -78,7 +78,7 @@ def test_verl_ppo_script_overrides_compose_with_verls_config():
 class ScriptedService:
     """A stand-in reward service on loopback answering each POST /score with the next scripted status (then 200)."""
 
-    def __init__(self, statuses: list[int], retry_after: str = "0") -> None:
+    def __init__(self, statuses: list[int], retry_after: str = "0", ok_body: dict | None = None) -> None:
         import http.server
         import json
         import threading
@@ -90,7 +90,7 @@ class ScriptedService:
                 self.rfile.read(int(self.headers.get("content-length", 0)))
                 status = script.pop(0) if script else 200
                 seen.append(status)
-                body = json.dumps({"score": 0.75, "latency_ms": 1.0} if status == 200 else
+                body = json.dumps((ok_body or {"score": 0.75, "latency_ms": 1.0}) if status == 200 else
                                   {"detail": f"scripted {status}"}).encode()
                 self.send_response(status)
                 if status == 503:
@@ -152,5 +152,45 @@ def test_the_verl_adapter_fails_loudly_on_a_request_the_service_refuses(monkeypa
         with pytest.raises(ValueError, match="HTTP 422.*scripted 422"):
             compute_score("pr_rlhf", "an answer", None, {**ROW, "reward_url": svc.url})
         assert svc.seen == [422]
+    finally:
+        svc.close()
+
+
+def test_the_trl_reward_function_reads_its_columns_and_fails_loudly():
+    """PersonalizedReward: conversational prompts and completions, the user and history columns, the service route
+    (with retries while it starts), and an unscored completion raising unless a failure score is given."""
+
+    from pr_rlhf.integrations.trl import PersonalizedReward
+
+    class Scorer:
+        def __init__(self):
+            self.requests = []
+
+        def score(self, requests):
+            self.requests += requests
+            return [(float(len(r.response)), None) if r.response else (None, "empty") for r in requests]
+
+    scorer = Scorer()
+    reward = PersonalizedReward(scorer=scorer)
+    history = [{"question": "q0", "chosen": "c", "rejected": "r"}]
+    out = reward(prompts=[[{"role": "system", "content": "s"}, {"role": "user", "content": "Cook what?"}]],
+                 completions=[[{"role": "assistant", "content": "Curry."}]], user_id=["u1"], history=[history])
+    assert out == [6.0]
+    request = scorer.requests[0]
+    assert (request.user_id, request.question, request.response) == ("u1", "Cook what?", "Curry.")
+    assert request.meta["history"] == history
+    with pytest.raises(ValueError, match="row 0 has no user id"):
+        reward(prompts=["q"], completions=["a"], user_id=[""])
+    with pytest.raises(RuntimeError, match="completion 0 .* was not scored: empty.*failure_score"):
+        reward(prompts=["q"], completions=[""], user_id=["u1"])
+    lenient = PersonalizedReward(scorer=Scorer(), failure_score=-1.0)
+    assert lenient(prompts=["q"], completions=[""], user_id=["u1"]) == [-1.0] and lenient.failures == 1
+
+    svc = ScriptedService([503], ok_body={"results": [{"score": 0.75, "status": "ok"}]})   # starting, then up
+    try:
+        remote = PersonalizedReward(url=svc.url)
+        remote.client.backoff.base_s = 0.01
+        assert remote(prompts=["q"], completions=["a"], user_id=["u1"]) == [0.75]
+        assert svc.seen == [503, 200]
     finally:
         svc.close()
