@@ -38,10 +38,6 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    return atomic_write(path, lambda tmp: tmp.write_bytes(data))
-
-
 @contextmanager
 def atomic_dir(path: str | os.PathLike, *, replace: bool = True) -> Iterator[Path]:
     """Build a folder in a temporary sibling (yielded) and move it to ``path`` when the block succeeds.

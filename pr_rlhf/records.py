@@ -77,12 +77,6 @@ class RetrievedItem:
 
 
 @dataclass
-class Turn:
-    role: str
-    content: str
-
-
-@dataclass
 class RubricAspect:
     aspect: str
     evidence: str = ""

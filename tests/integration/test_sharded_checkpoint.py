@@ -162,31 +162,11 @@ def test_export_plan_keeps_files_under_the_limit():
     assert ckpt.export_file_names(2) == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
 
 
-def test_a_v1_checkpoint_still_loads(ray_cluster, tmp_path):  # noqa: F811
-    """v1: full weights in ``policy/model.safetensors`` and the full AdamW state in ``policy/optimizer.pt``."""
-    from safetensors.torch import save_file
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-    from transformers import AutoModelForCausalLM
-
-    from pr_rlhf.models.sources import resolve_model
-
-    model = AutoModelForCausalLM.from_pretrained(resolve_model("tiny"), dtype=torch.float32)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.tensor([[5, 6, 7, 8]]), labels=torch.tensor([[5, 6, 7, 8]])).loss.backward()
-    optimizer.step()
-    root = tmp_path / "v1"
-    (root / "policy").mkdir(parents=True)
-    weights = {k: v.clone() for k, v in model.state_dict().items()}
-    save_file(weights, str(root / "policy" / "model.safetensors"))
-    torch.save(get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True)),
-               root / "policy" / "optimizer.pt")
-    (root / "meta.json").write_text(json.dumps({
-        "format": ckpt.V1_FORMAT, "step": 7, "data_position": None, "world_size": 1, "optimizer_steps": 1,
-        "critic_optimizer_steps": 0, "models": {"policy": {"optimizer": True}}}))
-    cfg = {**BASE, "kl": {"coef": 0.0}, "critic": {"enabled": False}}
-    with LearnerGroup(LearnerConfig(**cfg, strategy="fsdp2", world_size=2)) as group:
-        assert group.load_checkpoint(root)["step"] == 7
-        assert_same_weights(group.state_dict_for_rollout(), weights)
-    (root / "meta.json").write_text(json.dumps({"format": "pr_rlhf-learner-v0", "models": {}}))
-    with pytest.raises(ValueError, match="this learner reads"):
-        ckpt.read_checkpoint_meta(root)
+def test_a_checkpoint_of_another_format_is_refused_by_name(tmp_path):
+    """Only the sharded format loads; an older full-file checkpoint or an unknown one fails naming the folder and
+    both formats, before any rank reads a tensor."""
+    for old in ("pr_rlhf-learner-v1", "pr_rlhf-learner-v0"):
+        (tmp_path / "meta.json").write_text(json.dumps({"format": old, "models": {}}))
+        with pytest.raises(ValueError, match=f"{tmp_path}: checkpoint format '{old}'; this learner reads "
+                                             f"'{ckpt.CHECKPOINT_FORMAT}' only"):
+            ckpt.read_checkpoint_meta(tmp_path)

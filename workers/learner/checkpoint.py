@@ -15,9 +15,6 @@ A checkpoint ``dir`` (format ``pr_rlhf-learner-v2``):
 - ``dir/rng/rank_<r>.pt``: each rank's torch / numpy / python ``random`` / CUDA RNG states.
 - ``dir/meta.json``, written last (step, data_position, world size, counters, config, what each model has): a
   folder without it is incomplete.
-
-Format ``pr_rlhf-learner-v1`` (full weights in ``dir/<name>/model.safetensors`` and the full AdamW state in
-``dir/<name>/optimizer.pt``, both written by rank 0) still loads (``load_v1_checkpoint``); nothing writes it.
 """
 from __future__ import annotations
 
@@ -39,12 +36,10 @@ from workers.learner.ranks import Ranks
 from workers.learner.strategy import Strategy
 
 CHECKPOINT_FORMAT = "pr_rlhf-learner-v2"
-V1_FORMAT = "pr_rlhf-learner-v1"       # read, never written
 META = "meta.json"
 SHARDS = "shards"                      # the DCP checkpoint's folder
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
-OPTIMIZER = "optimizer.pt"             # v1 only
 HF_MODELS = ("policy", "reward_model")  # exported as HF model directories in every checkpoint
 MODEL_FOLDERS = ("policy", "critic", "reward_model", "reference")
 # The most bytes of weights one HF export file holds, and so the most rank 0 holds while exporting (plus the one
@@ -289,52 +284,15 @@ def read_export(folder: Path) -> dict[str, torch.Tensor]:
     return {k: v for f in files for k, v in load_file(str(folder / f)).items()}
 
 
-# ---------------------------------------------------------------------------------------------- v1 (reading)
-def read_weights(folder: Path, ranks: Ranks) -> dict[str, torch.Tensor]:
-    """v1: ``folder/model.safetensors``, read by rank 0 only when distributed (the others get it by broadcast)."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    if ranks.rank != 0 and ranks.distributed:
-        return {}
-    path = folder / WEIGHTS
-    state = load_file(str(path))
-    # files written by a single rank before every name was stored list their tied names as aliases
-    with safe_open(str(path), framework="pt") as f:
-        for name, source in json.loads((f.metadata() or {}).get("aliases", "{}")).items():
-            state[name] = state[source]
-    return state
-
-
-def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, ranks: Ranks) -> None:
-    """v1: load ``folder/optimizer.pt`` (read by rank 0, broadcast to the others) into a sharded or plain
-    optimizer."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    osd = torch.load(folder / OPTIMIZER, weights_only=True, map_location="cpu") \
-        if ranks.rank == 0 or not ranks.distributed else {}
-    set_optimizer_state_dict(model, optimizer, osd, options=StateDictOptions(
-        full_state_dict=True, broadcast_from_rank0=ranks.distributed, strict=True))
-
-
-def load_v1_checkpoint(root: Path, models: Mapping[str, tuple[nn.Module, torch.optim.Optimizer | None]],
-                       strategy: Strategy, ranks: Ranks) -> None:
-    """Load a v1 checkpoint's full weights (and optimizer states, where given) into ``models``. Collective."""
-    for name, (model, optimizer) in models.items():
-        load_full_model_state(model, read_weights(root / name, ranks), strategy, ranks)
-        if optimizer is not None:
-            load_optimizer_state(model, optimizer, root / name, ranks)
-
-
 # ------------------------------------------------------------------------------------------ checkpoint folder
 def read_checkpoint_meta(path: str | os.PathLike) -> dict[str, Any]:
     meta_path = Path(path) / META
     if not meta_path.is_file():
         raise FileNotFoundError(f"{path}: no {META}: not a learner checkpoint, or an incomplete one")
     meta = json.loads(meta_path.read_text())
-    if meta.get("format") not in (CHECKPOINT_FORMAT, V1_FORMAT):
+    if meta.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: checkpoint format {meta.get('format')!r}; this learner reads "
-                         f"{CHECKPOINT_FORMAT!r} and {V1_FORMAT!r}")
+                         f"{CHECKPOINT_FORMAT!r} only")
     return meta
 
 
@@ -384,11 +342,8 @@ def load_checkpoint(root: Path, meta: Mapping[str, Any],
                     models: Mapping[str, tuple[nn.Module, torch.optim.Optimizer | None]], strategy: Strategy,
                     ranks: Ranks) -> None:
     """Load ``models`` (name -> model and the optimizer to restore, None for none) from the checkpoint ``root``
-    whose ``meta`` this is (v2: the DCP shards, any world size; v1: the full files). Collective."""
-    if meta["format"] == V1_FORMAT:
-        load_v1_checkpoint(root, models, strategy, ranks)
-    else:
-        load_sharded(root / meta.get("shards", SHARDS), models, strategy)
+    whose ``meta`` this is (the DCP shards reshard to any world size). Collective."""
+    load_sharded(root / meta.get("shards", SHARDS), models, strategy)
 
 
 def restore_rng(root: Path, meta: Mapping[str, Any], ranks: Ranks, seed: int) -> bool:

@@ -502,8 +502,8 @@ class LearnerWorker:
 
     def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
         """Restore weights, optimizer state, RNG states and counters saved by ``save_checkpoint`` (any world size
-        for weights and optimizer; RNG states per rank when the world size matches; a v1 checkpoint's full files
-        too). Collective. Returns ``{"step", "data_position", ...}`` from the checkpoint."""
+        for weights and optimizer; RNG states per rank when the world size matches). Collective. Returns
+        ``{"step", "data_position", ...}`` from the checkpoint."""
         self._require_ready(self.config.trains)
         root = Path(path)
         meta = checkpoint.read_checkpoint_meta(root)
