@@ -2,7 +2,7 @@
 weight sync) and a run of supervised steps, plus what they are built from (sharded generation, weight sync, the
 policy update, phase timers) and the checkpoints a killed run resumes from.
 
-The RL controller (``workers/controller.py``), the P-GenRM stages (``workers/pgenrm.py``) and ``tools/psi_probe.py``
+The RL controller (``workers/controller.py``), the P-GenRM stages (``workers/pgenrm.py``) and ``research/psi_probe.py``
 train through here (the Best-of-N sweep generates through it); they differ only in the prompts they pick, the reward
 function and what they log, which they pass in.
 """

@@ -1,4 +1,4 @@
-"""The online learning curve, shrunk (tools/online_curve.py; the full run is outside CI): two users arrive with
+"""The online learning curve, shrunk (research/online_curve.py; the full run is outside CI): two users arrive with
 nothing stored, send feedback through the running service with the shipped P-GenRM, and their held-out pairs are
 scored through it after 0 and 3 pairs. Every verdict agrees with the same model offline given the pairs the
 service says it used, the files a reader re-analyses are written, and the committed full run's summary is what
@@ -18,7 +18,7 @@ need("ray.serve")
 
 def test_shrunk_curve_through_the_service_agrees_with_offline(tmp_path):
     out = tmp_path / "results"
-    run = subprocess.run([sys.executable, "tools/online_curve.py", "run", "--users", "2", "--points", "0", "3",
+    run = subprocess.run([sys.executable, "research/online_curve.py", "run", "--users", "2", "--points", "0", "3",
                           "--borrow-points", "--out", str(out), "--work", str(tmp_path / "work")],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -32,7 +32,7 @@ def test_shrunk_curve_through_the_service_agrees_with_offline(tmp_path):
     assert all(o["pairs"] == [[o["user_id"], i] for i in (1, 2, 3)] for o in service if o["k"] == 3)
     assert (out / "curve.png").stat().st_size > 0
     # run again on the same work folder: it resumes from the saved verdicts (no service, no model) to the same result
-    again = subprocess.run([sys.executable, "tools/online_curve.py", "run", "--users", "2", "--points", "0", "3",
+    again = subprocess.run([sys.executable, "research/online_curve.py", "run", "--users", "2", "--points", "0", "3",
                             "--borrow-points", "--out", str(tmp_path / "again"), "--work", str(tmp_path / "work")],
                            cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]

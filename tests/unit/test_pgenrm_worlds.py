@@ -96,7 +96,7 @@ def test_moderator_slope_follows_the_worlds():
 def load_study_tool(tmp_path, monkeypatch):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("pgenrm_worlds_tool", ROOT / "tools" / "pgenrm_worlds.py")
+    spec = importlib.util.spec_from_file_location("pgenrm_worlds_tool", ROOT / "research" / "pgenrm_worlds.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     monkeypatch.setattr(tool, "RUNS", tmp_path / "runs")

@@ -6,8 +6,8 @@ the model's line equals the oracle chain's line on the same prompt, which shows 
 fails (history transliteration, Prefers, Fit, criteria, scores). The pipeline (`pr-rlhf pgenrm`) is the measured
 path; this probe decides what to run there. The README's "Measured learning" table came from it, e.g.
 
-    python tools/psi_probe.py recipes/pgenrm_smoke.yaml --steps 600
-    python tools/psi_probe.py recipes/pgenrm_pipeline.yaml --steps 900 --eval-every 300 --eval-n 300 --max-new 420
+    python research/psi_probe.py recipes/pgenrm_smoke.yaml --steps 600
+    python research/psi_probe.py recipes/pgenrm_pipeline.yaml --steps 900 --eval-every 300 --eval-n 300 --max-new 420
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The online learning curve of issue 39, as pre-registered in docs/results/online/PREREGISTRATION.md (outside CI;
 tests/e2e/test_online_curve.py runs a shrunk version):
 
-    python tools/online_curve.py run                    # 200 users, 0/1/2/4/8 pairs -> docs/results/online/
-    python tools/online_curve.py run --users 4 --points 0 1 --out /tmp/curve   # a quick look
-    python tools/online_curve.py analyse                # summary, table and plot again from outcomes.json
+    python research/online_curve.py run                    # 200 users, 0/1/2/4/8 pairs -> docs/results/online/
+    python research/online_curve.py run --users 4 --points 0 1 --out /tmp/curve   # a quick look
+    python research/online_curve.py analyse                # summary, table and plot again from outcomes.json
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Recompute every CI under docs/results/ that its committed per-pair or per-prompt outcomes allow, resampling users
 (docs/protocols.md section 3), and write the regenerated reports beside them. Outside CI; seconds.
 
-    python tools/reanalyse_results.py            # all of them
-    python tools/reanalyse_results.py rl pgenrm  # some
-    python tools/reanalyse_results.py quickstart bon   # after `make quickstart`, `make quickstart-full`, the BoN run
+    python research/reanalyse_results.py            # all of them
+    python research/reanalyse_results.py rl pgenrm  # some
+    python research/reanalyse_results.py quickstart bon   # after `make quickstart`, `make quickstart-full`, the BoN run
 
 - RL sweeps (personalized_vs_global, its PPO twin, rl_validity): each arm's committed history (held-out downstream
   per prompt, with each prompt's user) -> sweep.json / sweep.md / sweep.png regenerated in place, the agreement
@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import sys
@@ -98,8 +99,8 @@ def reanalyse_pgenrm() -> None:
         if not (base / "outcomes.json").is_file():
             import subprocess
 
-            subprocess.run([sys.executable, str(ROOT / "tools" / "pgenrm_worlds.py"), "convert", "--folder", str(base),
-                            "--recipe", str(ROOT / recipe)], check=True)
+            subprocess.run([sys.executable, str(ROOT / "research" / "pgenrm_worlds.py"), "convert",
+                            "--folder", str(base), "--recipe", str(ROOT / recipe)], check=True)
         w = WorldOutcomes.load(base / "outcomes.json")
         doc: dict = {"source": "outcomes.json", "ci_unit": "user", "arms": {}, "comparisons": [],
                      "not_reanalysable": {arm: "its per-pair verdicts were not committed and its run directory is "
@@ -324,7 +325,12 @@ def reanalyse_bon() -> None:
 def main() -> None:
     jobs = {"rl": reanalyse_rl, "pgenrm": reanalyse_pgenrm, "bt": reanalyse_bt, "rl_tiny": reanalyse_rl_tiny,
             "world": reanalyse_world, "quickstart": reanalyse_quickstart, "bon": reanalyse_bon}
-    for name in sys.argv[1:] or list(jobs):
+    parser = argparse.ArgumentParser(description="Recompute the committed results' analyses (module docstring).")
+    parser.add_argument("jobs", nargs="*", metavar="JOB", help=f"any of {', '.join(jobs)} (default: all)")
+    names = parser.parse_args().jobs or list(jobs)
+    if unknown := sorted(set(names) - set(jobs)):
+        parser.error(f"unknown job(s) {', '.join(unknown)}; choose from {', '.join(jobs)}")
+    for name in names:
         jobs[name]()
 
 

@@ -8,7 +8,7 @@ whose profiles (mean MiniLM embedding of their posts) are most similar, each typ
 those neighbours' votes; and the same candidates with ties broken by an exact reading of the posts' revealed
 directions (what a model that reads posts perfectly could reach).
 
-    python tools/cold_start_probe.py recipes/pgenrm_pipeline.yaml
+    python research/cold_start_probe.py recipes/pgenrm_pipeline.yaml
 """
 from __future__ import annotations
 

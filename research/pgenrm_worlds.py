@@ -1,12 +1,12 @@
 """P-GenRM over several worlds, as pre-registered in docs/results/pgenrm_worlds/PREREGISTRATION.md (outside CI:
 about two hours of 2 cores per world and arm set).
 
-    python tools/pgenrm_worlds.py gate --seeds 3 4 5 6 7 8     # the offline headroom gate of candidate worlds
-    python tools/pgenrm_worlds.py plan                         # the queue: every (world, arm set) and its command
-    python tools/pgenrm_worlds.py run [--only main] [--worlds 2 4]   # the queue in order (finished stages kept)
-    python tools/pgenrm_worlds.py collect                      # per-pair outcomes -> docs/results/pgenrm_worlds/
-    python tools/pgenrm_worlds.py analyse                      # the pre-registered analysis -> analysis.{json,md}
-    python tools/pgenrm_worlds.py convert --folder docs/results/pgenrm_w2 --recipe <its recipe>   # an earlier run
+    python research/pgenrm_worlds.py gate --seeds 3 4 5 6 7 8     # the offline headroom gate of candidate worlds
+    python research/pgenrm_worlds.py plan                         # the queue: every (world, arm set) and its command
+    python research/pgenrm_worlds.py run [--only main] [--worlds 2 4]   # the queue in order (finished stages kept)
+    python research/pgenrm_worlds.py collect                      # per-pair outcomes -> docs/results/pgenrm_worlds/
+    python research/pgenrm_worlds.py analyse                      # the pre-registered analysis -> analysis.{json,md}
+    python research/pgenrm_worlds.py convert --folder docs/results/pgenrm_w2 --recipe <its recipe>   # an earlier run
 
 Each world's runs live under runs/pgenrm_worlds/w<seed>/ (shards, the main arm set, the label-filtered one, the
 scaling grid, and `rerun`: a fresh PSI for the ablations and the grid where the main set's is gone); a rerun
