@@ -33,13 +33,13 @@ def _report(tmp_path, name, correct_none, correct_pairwise=None):
                                   score_chosen=1.0 if ok else 0.0, score_rejected=0.5)
              for i, ok in enumerate(correct_none)]
     preds += [Prediction.pairwise(pair_id=f"p{i}", user_id=f"u{i}", subset="s", inputs="none", chosen_slot="A",
-                                  predicted=("A" if ok else None))
+                                  predicted={True: "A", False: "B", None: None}[ok])
               for i, ok in enumerate(correct_pairwise or [])]
     return write_report(tmp_path / name, preds, n_bootstrap=200)
 
 
 def test_rows_pair_each_model_cell_with_the_floor_cell_of_the_same_mode_and_inputs(tmp_path):
-    floor = _report(tmp_path, "floor", [True, False] * 20, [False] * 40)
+    floor = _report(tmp_path, "floor", [True, False] * 20, [None] * 40)
     trained = _report(tmp_path, "trained", [True] * 40)
     rows = model_rows("untrained", floor, {"bt": trained}, seed=0)
     assert [(r["model"], r["cell"]) for r in rows] == [("untrained", "pointwise/none"),
@@ -52,3 +52,16 @@ def test_rows_pair_each_model_cell_with_the_floor_cell_of_the_same_mode_and_inpu
     assert model_rows("untrained", _report(tmp_path, "f2", [True] * 10), {"j": judge}, 0)[-1]["vs_floor"] is None
     md, js = write_models_report(tmp_path, rows, "untrained", "t")
     assert "vs untrained" in md.read_text() and "+50.0" in md.read_text() and js.is_file()
+
+
+def test_the_gain_over_a_floor_that_parses_nothing_counts_its_unparsed_verdicts_as_coin_flips(tmp_path):
+    """An untrained GenRM parses no verdict: counted wrong it would make any trained model's gain its whole accuracy
+    (a 50-point overstatement against chance). The paired difference scores an unparsed verdict or a tie as 0.5 on
+    both sides; the accuracy column keeps counting them wrong, as the report does."""
+    floor = _report(tmp_path, "floor", [], [None] * 40)
+    trained = _report(tmp_path, "trained", [], [True] * 30 + [None] * 10)
+    row = model_rows("untrained", floor, {"genrm": trained}, seed=0)[-1]
+    assert row["summary"]["accuracy"] == pytest.approx(0.75)
+    assert row["vs_floor"]["gain"] == pytest.approx(0.75 + 0.5 * 0.25 - 0.5)
+    md = write_models_report(tmp_path, [row], "untrained", "t")[0].read_text()
+    assert "coin flips" in md
