@@ -147,7 +147,8 @@ def _pgenrm_result(recipe: Recipe, run: StageRunners) -> str:
 
 
 def _eval_result(result: Any) -> str:
-    """Each trained model's cells with the paired gain over the untrained floor, else the report's path."""
+    """Each trained model's cells with the paired gain over the untrained floor (unparsed verdicts and ties as coin
+    flips on both sides: pr_rlhf.eval.models), else the report's path."""
     from pr_rlhf.eval.report import fmt_paired_gain
 
     trained = [r for r in result.model_rows if "vs_floor" in r]
@@ -155,7 +156,8 @@ def _eval_result(result: Any) -> str:
         return f"{result.run_dir}/report.md"
     floor = result.model_rows[0]["model"]
     return "; ".join(f"{r['model']} {r['cell']} {100 * r['summary']['accuracy']:.1f}% "
-                     f"({fmt_paired_gain(r['vs_floor'])} over {floor})" for r in trained)
+                     f"({fmt_paired_gain(r['vs_floor'])} over {floor})" for r in trained) + \
+        f" (gains in points over {floor}, whose unparsed verdicts count as coin flips)"
 
 
 def _bon_result(report: dict) -> str:

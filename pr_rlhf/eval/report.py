@@ -100,20 +100,26 @@ class PairOutcomes(Mapping[str, float]):
         return dict(self._users)
 
     @classmethod
-    def from_rows(cls, rows: Iterable[Mapping[str, Any]]) -> PairOutcomes:
-        """From prediction rows (``pair_id``, ``user_id``, ``correct``; a later verdict of a pair wins)."""
+    def from_rows(cls, rows: Iterable[Mapping[str, Any]], unresolved: float | None = None) -> PairOutcomes:
+        """From prediction rows (``pair_id``, ``user_id``, ``correct``; a later verdict of a pair wins).
+        ``unresolved``: the outcome of a failure or a tie (rows with ``error`` / ``tie``), e.g. 0.5 to score them
+        as coin flips; None counts them wrong, as ``correct`` does."""
         correct, users = {}, {}
         for r in rows:
-            correct[r["pair_id"]], users[r["pair_id"]] = float(r["correct"]), r["user_id"]
+            undecided = unresolved is not None and (r.get("error") is not None or r.get("tie"))
+            correct[r["pair_id"]] = unresolved if undecided else float(r["correct"])
+            users[r["pair_id"]] = r["user_id"]
         return cls(correct, users)
 
 
-def correct_by_cell(predictions: str | Path) -> dict[str, PairOutcomes]:
-    """(mode/inputs) -> :class:`PairOutcomes` from an eval's predictions parquet (a pair's last verdict)."""
+def correct_by_cell(predictions: str | Path, unresolved: float | None = None) -> dict[str, PairOutcomes]:
+    """(mode/inputs) -> :class:`PairOutcomes` from an eval's predictions parquet (a pair's last verdict;
+    ``unresolved`` as in :meth:`PairOutcomes.from_rows`)."""
     rows: dict[str, list[dict]] = {}
-    for r in pq.read_table(predictions, columns=["mode", "inputs", "pair_id", "user_id", "correct"]).to_pylist():
+    columns = ["mode", "inputs", "pair_id", "user_id", "correct", "tie", "error"]
+    for r in pq.read_table(predictions, columns=columns).to_pylist():
         rows.setdefault(group_key(r["mode"], r["inputs"]), []).append(r)
-    return {cell: PairOutcomes.from_rows(cell_rows) for cell, cell_rows in rows.items()}
+    return {cell: PairOutcomes.from_rows(cell_rows, unresolved) for cell, cell_rows in rows.items()}
 
 
 def correct_by_pair(predictions: str | Path) -> PairOutcomes:
