@@ -146,3 +146,38 @@ def test_learner_attention_conflict_is_refused_before_start():
     with pytest.raises(ResourceError, match=r"pgenrm.learner: .*shared_prefix"):
         check(gpu_recipe("pgenrm_pipeline", "pgenrm.learner.attn_implementation=flash_attention_2"), "pgenrm")
     check(gpu_recipe("rm_bt", "rm.learner.attn_implementation=flash_attention_2"), "train-rm")   # 2-D masks only
+
+
+def test_a_persona_read_by_a_gpu_scalar_rm_needs_a_gpu_in_its_pool():
+    """The persona scorer builds its judge and, when set, a scalar RM: one on cuda in a worker holding no GPU is
+    refused like any other engine."""
+    recipe = load_recipe(ROOT / "recipes" / "grpo_tiny.yaml", ["reward.kind=persona", "reward.scalar_rm.device=cuda"])
+    with pytest.raises(ResourceError, match=r"reward.scalar_rm runs on cuda.*reward.pool.num_gpus is 0"):
+        check(recipe, "train")
+    check(load_recipe(ROOT / "recipes" / "grpo_tiny.yaml", ["reward.kind=persona", "reward.scalar_rm.device=cuda",
+                                                            "reward.pool.num_gpus=1"]), "train")
+
+
+def test_leaderboard_model_rows_are_checked_like_any_reward_pool():
+    recipe = load_recipe(ROOT / "recipes" / "leaderboard.yaml",
+                         ["leaderboard.models.pgenrm_shipped.reward.judge.device=cuda"])
+    with pytest.raises(ResourceError, match=r"leaderboard.models.pgenrm_shipped.reward.judge runs on cuda"):
+        check(recipe, "leaderboard")
+
+
+def test_scaling_and_serve_reward_are_checked_before_they_start():
+    scaling = load_recipe(ROOT / "recipes" / "scaling_grid.yaml", ["scaling.torch_threads=32"])
+    with pytest.raises(ClusterFitError, match=r"^scaling.torch_threads: .*CPU 32 > the largest node's CPU 16"):
+        check(scaling, "scaling", [{"CPU": 16.0}])
+    check(load_recipe(ROOT / "recipes" / "scaling_grid.yaml"), "scaling", [{"CPU": 16.0}])
+    serve = load_recipe(ROOT / "recipes" / "serve_reward.yaml", ["serve.replicas=3", "serve.num_gpus=1"])
+    with pytest.raises(ClusterFitError, match=r"serve.num_gpus: 3 x 1\), the cluster has 2"):
+        check(serve, "serve-reward", [{"CPU": 16.0, "GPU": 2.0}])
+    with pytest.raises(ResourceError, match=r"serve.reward.judge runs on cuda.*serve.num_gpus is 0"):
+        check(load_recipe(ROOT / "recipes" / "serve_reward.yaml", ["serve.reward.judge.device=cuda"]), "serve-reward")
+
+
+def test_bon_phases_follow_the_driver_downstream_judge_first():
+    phases = list(dict.fromkeys(g.phase for g in check(gpu_recipe("bon_sweep"), "bon")))
+    names = list(gpu_recipe("bon_sweep").bon.reward_models)
+    assert phases == ["bon generate", "bon score downstream", *[f"bon score {n}" for n in names]]
