@@ -182,7 +182,7 @@ class _Resolved(Exception):
 def resolve_in_process(argv: tuple[str, ...], monkeypatch: pytest.MonkeyPatch):
     """Run the CLI on ``argv`` up to the recipe: (the resolved recipe or None, the CLI's output)."""
     got = {}
-    load = cli._recipe
+    load = cli.prologue.read_recipe   # every recipe command loads its recipe through this one name
 
     def stop_at_recipe(path, overrides):
         got["recipe"] = load(path, overrides)
@@ -192,7 +192,7 @@ def resolve_in_process(argv: tuple[str, ...], monkeypatch: pytest.MonkeyPatch):
         got["recipe"] = resolved
         raise _Resolved
 
-    monkeypatch.setattr(cli, "_recipe", stop_at_recipe)
+    monkeypatch.setattr(cli.prologue, "read_recipe", stop_at_recipe)
     monkeypatch.setattr(workers.quickstart, "run_quickstart", stop_quickstart)
     result = CliRunner().invoke(cli.app, list(argv))
     if not isinstance(result.exception, _Resolved):
