@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Any, List, Optional
+from typing import Any, List, NoReturn, Optional
 
 import typer
 import yaml
@@ -30,7 +30,7 @@ def out_option(help: str) -> Any:
     return typer.Option(None, "--out", "-o", help=help)
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
