@@ -212,3 +212,25 @@ def test_generation_cache_counts_the_servers_billed_tokens_where_it_reports_them
     engine = CachedEngine(Billing(), tmp_path / "c.jsonl", {"model": "m"}, chunk=2)
     engine.generate(["a", "b", "c"], SamplingParams())
     assert (engine.stats.prompt_tokens, engine.stats.completion_tokens) == (300, 30)
+
+
+def test_a_real_data_run_without_a_pr_judge_rewards_the_outcome_alone(prism_shards, tmp_path):
+    """process_reward 'exact' on real data is a valid recipe when every GRPO stage has alpha 0 (no PR at all): its
+    GRPO rewards are the outcome alone, and no judge engine is ever built."""
+    from pr_rlhf.configs.recipe import Recipe
+    from workers.pgenrm import PGenRMPipeline
+
+    shards, _ = prism_shards
+    recipe = Recipe(pgenrm={"shards": shards, "out": str(tmp_path / "run"), "stages": ["psi", "cre"],
+                            "psi": {"source": "teacher", "teacher": TEACHER}, "cre": {"alpha": 0.0}})
+    pipeline = PGenRMPipeline(recipe)
+    items = [grpo_item(e) for e in load_real_data(shards, 3, 0).examples[:3]]
+
+    def chain(prefers_first: bool) -> str:
+        s1, s2 = (8, 3) if prefers_first else (3, 8)
+        return format_sec(SEC("Likes steps.", [Criterion("Steps", 1.0)], [CriterionScore("Steps", s1, s2)]))
+    gens = [Generation(samples=[Sample(chain(True)), Sample(chain(False)), Sample("no chain")]) for _ in items]
+    rewards, metrics = pipeline.step_rewards(items, gens, recipe.pgenrm.stage_config("cre"))
+    assert rewards.tolist() == [r for i in items for r in (float(i.first_is_chosen), float(not i.first_is_chosen),
+                                                           -0.1)]
+    assert metrics["reward/parse_rate"] == pytest.approx(2 / 3) and metrics["reward/pr_graded"] == 0
