@@ -156,3 +156,12 @@ def test_the_user_store_commands_read_their_recipe_through_the_prologue(tmp_path
     recipe, output = resolve(["users", "export", str(export), "--recipe", str(ROOT / "recipes/serve_online.yaml")],
                              monkeypatch)
     assert recipe is not None and not export.exists(), output
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_the_quickstart_places_its_stages_under_any_folder_name(folder):
+    """The quickstart's own placements go through the same override writer as every command's --out."""
+    from workers.quickstart import quickstart_recipe
+
+    recipe = quickstart_recipe(ROOT / "recipes/quickstart.yaml", Path(folder), [])
+    assert recipe.data.out == str(Path(folder) / "data") and recipe.eval.out == str(Path(folder) / "eval")
