@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pr_rlhf.configs.override import override
 from pr_rlhf.configs.recipe import Recipe, dump_recipe, load_recipe
 from pr_rlhf.peak_memory import PeakRSS
 from pr_rlhf.tracking import DB_FILE, ENV_URI, make_tracker
@@ -26,20 +27,20 @@ def quickstart_recipe(recipe: Path, out: Path, overrides: list[str]) -> Recipe:
     """The recipe (the embedded default when ``recipe`` does not exist) with every stage it has placed under
     ``out`` and, unless one is configured, one mlflow store for all of them; ``overrides`` apply last.
     Raises :class:`~pr_rlhf.configs.recipe.RecipeError`."""
-    q = lambda v: json.dumps(str(v))  # noqa: E731 - a YAML-safe override value
-    placed = [f"data.out={q(out / 'data')}", f"eval.shards={q(out / 'data')}", f"eval.out={q(out / 'eval')}"]
+    placed = [override("data.out", out / "data"), override("eval.shards", out / "data"),
+              override("eval.out", out / "eval")]
     source = recipe if recipe.exists() else None
     resolved = load_recipe(source, placed + overrides)
     # place every later stage that the recipe has under out (placing one it lacks would conjure a default)
     world_shards = out / "data"   # the shipped models' world: evaluation, scaling and Best-of-N
-    later = {"train": [f"train.out={q(out / 'rl')}", f"train.data.shards={q(out / 'rl_world')}"],
-             "pgenrm": [f"pgenrm.out={q(out / 'pgenrm')}", f"pgenrm.shards={q(out / 'pgenrm' / 'data')}"],
-             "scaling": [f"scaling.out={q(out / 'scaling')}", f"scaling.shards={q(world_shards)}"],
-             "bon": [f"bon.out={q(out / 'bon')}", f"bon.shards={q(world_shards)}"]}
+    later = {"train": [override("train.out", out / "rl"), override("train.data.shards", out / "rl_world")],
+             "pgenrm": [override("pgenrm.out", out / "pgenrm"), override("pgenrm.shards", out / "pgenrm" / "data")],
+             "scaling": [override("scaling.out", out / "scaling"), override("scaling.shards", world_shards)],
+             "bon": [override("bon.out", out / "bon"), override("bon.shards", world_shards)]}
     placed += [o for section, opts in later.items() if getattr(resolved, section) is not None for o in opts]
     if resolved.tracking.mlflow_uri is None and not os.environ.get(ENV_URI):
         # one store for every stage's run: `mlflow ui --backend-store-uri sqlite:///<out>/mlflow.db` shows them all
-        placed.append(f"tracking.mlflow_uri={q('sqlite:///' + str((out / DB_FILE).resolve()))}")
+        placed.append(override("tracking.mlflow_uri", f"sqlite:///{(out / DB_FILE).resolve()}"))
     return load_recipe(source, placed + overrides)
 
 

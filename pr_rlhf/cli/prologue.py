@@ -3,17 +3,15 @@ own options (``--out`` among them) applied after them, the sections it needs che
 consoles, the error exit and the options the commands share."""
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any, List, NoReturn, Optional
 
 import typer
-import yaml
 from rich.console import Console
 
+from pr_rlhf.configs.override import override
 from pr_rlhf.configs.recipe import Recipe, RecipeError, load_recipe
 
 console = Console()
@@ -44,18 +42,6 @@ def read_recipe(path: Optional[PurePath], overrides: Optional[List[str]]) -> Rec
     except RecipeError as exc:
         fail(str(exc))
         raise  # unreachable: keeps type checkers quiet
-
-
-def override(key: str, value: Any) -> str:
-    """``key=value`` as an override that reads back as ``value`` itself: a string is double-quoted by YAML's own
-    emitter, so that a folder named ``2024``, ``true`` or ``a: b #c`` stays a string and every character (one
-    outside the BMP, a lone surrogate from an undecodable file name) survives; one line however long."""
-    if isinstance(value, (str, PurePath)):
-        quoted = yaml.safe_dump(str(value), default_style='"', allow_unicode=True, width=math.inf)
-        return f"{key}={quoted.rstrip()}"
-    if isinstance(value, (bool, int, float)):
-        return f"{key}={json.dumps(value)}"
-    raise TypeError(f"override {key}: a {type(value).__name__} is no recipe value")
 
 
 @dataclass(frozen=True)
