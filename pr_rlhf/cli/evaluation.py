@@ -64,7 +64,8 @@ def print_models_table(rows: list[dict], floor: str, title: str) -> None:
 
     table = Table(title=title)
     for col, justify in (("model", "left"), ("mode/inputs", "left"), ("n", "right"),
-                         ("accuracy [95% CI]", "right"), ("unparsed", "right"), (f"vs {floor}, paired", "right")):
+                         ("accuracy [95% CI]", "right"), ("unparsed", "right"),
+                         (f"vs {floor}, paired (unparsed = coin flip)", "right")):
         table.add_column(col, justify=justify, no_wrap=col in ("model", "mode/inputs"))
     for r in rows:
         s = r["summary"]
