@@ -290,16 +290,11 @@ class Leaderboard:
         return {f"k{k}": [it for it in evaluation_items(world, cold_history=k) if it.group == "cold"] for k in fs.ks}
 
     def _few_shot_record(self, seed: int, method: str, k: int, items: list[Item], result: dict) -> dict[str, Any]:
-        from pr_rlhf.stats import mean_ci
-
-        outcome = result["outcomes"]
-        values = np.array([outcome[it.pair_id] for it in items if it.pair_id in outcome])
-        users = [it.user_id for it in items if it.pair_id in outcome]
-        low, high = mean_ci(values, n_bootstrap=self.cfg.n_bootstrap, seed=self.cfg.seed, clusters=users)
-        self.log(f"world {seed} few-shot: {method} k={k} {100 * values.mean():.1f}%")
-        return {"world": seed, "method": method, "k": k, "accuracy": float(values.mean()), "ci_low": low,
-                "ci_high": high, "pairs": len(values), "users": len(set(users)), "errors": result["errors"],
-                "outcomes": outcome, "users_of": {it.pair_id: it.user_id for it in items}}
+        record = table.few_shot_record(seed, method, k, {it.pair_id: it.user_id for it in items}, result["outcomes"],
+                                       n_bootstrap=self.cfg.n_bootstrap, seed=self.cfg.seed)
+        failed = f" ({record['unscored']} of {record['pairs']} unscored: coin flips)" if record["unscored"] else ""
+        self.log(f"world {seed} few-shot: {method} k={k} {100 * record['accuracy']:.1f}%{failed}")
+        return record
 
     def service_few_shot(self, seed: int) -> list[dict[str, Any]]:
         """The few-shot curve through the running reward service (``few_shot.service`` methods): each cold-start

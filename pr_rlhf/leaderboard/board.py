@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pr_rlhf.eval.worlds import Endpoint, WorldOutcomes, analyse
 
 GROUPS = ("seen", "cold")
@@ -158,19 +160,42 @@ def plot(board: Mapping[str, Any], path: str | Path, labels: Mapping[str, str] |
     return _save(plt, fig, path)
 
 
+COIN_FLIP = 0.5   # a pair the model could not score: neither response preferred
+
+
+def few_shot_record(world: int, method: str, k: int, users_of: Mapping[str, str], scored: Mapping[str, float], *,
+                    n_bootstrap: int, seed: int) -> dict[str, Any]:
+    """One (method, k) cell of one world: every pair of the set (``users_of``: pair -> user), a pair missing from
+    ``scored`` (the model failed on it) as a coin flip, counted in ``unscored``; accuracy with a 95% CI resampling
+    users."""
+    from pr_rlhf.stats import mean_ci
+
+    stray = sorted(set(scored) - set(users_of))
+    if stray:
+        raise ValueError(f"world {world}, {method} k={k}: scored pairs not in the set: {stray[:3]}")
+    outcomes = {p: float(scored.get(p, COIN_FLIP)) for p in users_of}
+    values = np.array(list(outcomes.values()))
+    low, high = mean_ci(values, n_bootstrap=n_bootstrap, seed=seed, clusters=list(users_of.values()))
+    return {"world": world, "method": method, "k": k, "accuracy": float(values.mean()), "ci_low": low,
+            "ci_high": high, "pairs": len(values), "users": len(set(users_of.values())),
+            "unscored": len(users_of) - len(scored), "outcomes": outcomes, "users_of": dict(users_of)}
+
+
 def few_shot_frames(rows: Sequence[Mapping[str, Any]]) -> list[WorldOutcomes]:
-    """The few-shot records (world, method, k, per-pair outcomes, users) as one frame per world: each (method, k)
-    an arm ``<method>@<k>`` of the cold-start group."""
+    """The few-shot records (:func:`few_shot_record`) as one frame per world: each (method, k) an arm
+    ``<method>@<k>`` of the cold-start group; each arm's count of unscored pairs in the frame's ``meta``."""
     worlds: dict[int, dict[str, dict[str, float]]] = {}
     users: dict[int, dict[str, str]] = {}
+    unscored: dict[int, dict[str, int]] = {}
     for r in rows:
         worlds.setdefault(r["world"], {})[f"{r['method']}@{r['k']}"] = r["outcomes"]
         users.setdefault(r["world"], {}).update(r["users_of"])
+        unscored.setdefault(r["world"], {})[f"{r['method']}@{r['k']}"] = int(r.get("unscored", 0))
     frames = []
     for world, arms in sorted(worlds.items()):
         pairs = sorted(users[world])
         frame = WorldOutcomes(world, pairs, [users[world][p] for p in pairs], ["cold"] * len(pairs),
-                              [False] * len(pairs))
+                              [False] * len(pairs), meta={"unscored": unscored[world]})
         for arm, outcome in arms.items():
             frame.add_arm(arm, outcome, users[world])
         frames.append(frame)
@@ -179,16 +204,19 @@ def few_shot_frames(rows: Sequence[Mapping[str, Any]]) -> list[WorldOutcomes]:
 
 def few_shot_board(frames: Sequence[WorldOutcomes], n_bootstrap: int = 2000, seed: int = 0) -> dict[str, Any]:
     """The few-shot curve pooled over worlds (:func:`few_shot_frames`): each (method, k) is a row of a board on the
-    cold-start group, so its accuracy is pooled as every other row's."""
+    cold-start group, so its accuracy is pooled as every other row's; with its unscored pairs over all worlds."""
     names = list(dict.fromkeys(arm for f in frames for arm in f.arms))
     board = build_board(frames, names, baseline=None, against=None, n_bootstrap=n_bootstrap, seed=seed)
     curve = []
     for name in names:
         method, k = name.rsplit("@", 1)
         fixed = board["table"][name]["accuracy_cold"]["pooled"]["fixed"]
+        measured = [f for f in frames if name in f.arms]
         curve.append({"method": method, "k": int(k), "accuracy": fixed["gain"], "ci_low": fixed["ci_low"],
                       "ci_high": fixed["ci_high"],
-                      "worlds": [w["world"] for w in board["table"][name]["accuracy_cold"]["worlds"]]})
+                      "worlds": [w["world"] for w in board["table"][name]["accuracy_cold"]["worlds"]],
+                      "pairs": sum(len(f.pairs) for f in measured),
+                      "unscored": sum(f.meta.get("unscored", {}).get(name, 0) for f in measured)})
     return {"worlds": board["worlds"], "curve": curve}
 
 
@@ -199,12 +227,18 @@ def few_shot_markdown(curve: Mapping[str, Any], labels: Mapping[str, str] | None
     cell = {(c["method"], c["k"]): c for c in curve["curve"]}
     lines = ["## Few-shot cold-start users", "",
              f"Worlds {', '.join(map(str, curve['worlds']))}: each cold-start user given k of their pairs; accuracy % "
-             "on their test pairs, 95% CI resampling users, pooled over the worlds (fixed effect).", "",
+             "on their test pairs, 95% CI resampling users, pooled over the worlds (fixed effect). A pair a model "
+             "could not score counts as a coin flip (\\* below).", "",
              "| method | " + " | ".join(f"k = {k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
     for m in methods:
         cells = [f"{100 * cell[m, k]['accuracy']:.1f} [{100 * cell[m, k]['ci_low']:.1f}, "
-                 f"{100 * cell[m, k]['ci_high']:.1f}]" if (m, k) in cell else "-" for k in ks]
+                 f"{100 * cell[m, k]['ci_high']:.1f}]{' *' if cell[m, k].get('unscored') else ''}"
+                 if (m, k) in cell else "-" for k in ks]
         lines.append(f"| {labels.get(m, m)} | " + " | ".join(cells) + " |")
+    failed = [c for c in curve["curve"] if c.get("unscored")]
+    if failed:
+        lines += [""] + [f"\\* {labels.get(c['method'], c['method'])}, k = {c['k']}: {c['unscored']} of {c['pairs']} "
+                         "pairs unscored (counted as coin flips)." for c in failed]
     return "\n".join(lines) + "\n"
 
 
