@@ -42,9 +42,10 @@ EXTRAS = {
     # a shared PostgreSQL user store for service replicas on several nodes (serve.users.url: postgresql+pg8000://)
     "postgres": ["pg8000>=1.31"],
     # bm25s: the reference our BM25 is tested against; ruff and import-linter: `make lint`; pg8000: the user
-    # store's tests against a local PostgreSQL server
+    # store's tests against a local PostgreSQL server; mkdocs + mkdocs-material: the documentation site, built in
+    # strict mode by tests/unit/test_docs_site.py
     "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.6", "ruff==0.17.6", "import-linter==2.17",
-            "hypothesis>=6", "bm25s>=0.2", "pg8000>=1.31"],
+            "hypothesis>=6", "bm25s>=0.2", "pg8000>=1.31", "mkdocs==1.6.1", "mkdocs-material>=9.5,<10"],
 }
 
 setup(

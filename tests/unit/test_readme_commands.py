@@ -1,8 +1,9 @@
-"""Every command of README.md that resolves a recipe (``pr-rlhf <subcommand> ... recipes/x.yaml --set k=v``, in a
-shell block or inline, ``python -m pr_rlhf.cli ...``, the recipe table's ``pr-rlhf eval R`` with R each recipe of
-its row, and the ``make`` targets that run one) resolves it as the command would, in process: the CLI's own option
-parsing and overrides, the recipe loaded and validated as ``pr-rlhf check`` does, the sections the subcommand needs
-present. A failure names the README line."""
+"""Every command of README.md and of the documentation pages under docs/ (the studies' files under docs/results/
+included) that resolves a recipe (``pr-rlhf <subcommand> ... recipes/x.yaml --set k=v``, in a shell block or
+inline, ``python -m pr_rlhf.cli ...``, a recipe table's ``pr-rlhf eval R`` with R each recipe of its row, and the
+``make`` targets that run one) resolves it as the command would, in process: the CLI's own option parsing and
+overrides, the recipe loaded and validated as ``pr-rlhf check`` does, the sections the subcommand needs present.
+A failure names the page and line."""
 from __future__ import annotations
 
 import re
@@ -17,6 +18,7 @@ from typer.testing import CliRunner
 import pr_rlhf.cli as cli
 import workers.quickstart
 from pr_rlhf.configs.pgenrm import STAGE_PARENT
+from tests.unit.test_readme_numbers import documentation_pages
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -24,16 +26,16 @@ SHELL_OPERATORS = {"&", "&&", "|", "||", ";", ">", ">>", "<", "(", ")"}
 # the sections each subcommand stops without (pr_rlhf/cli.py: "no train: section", ...)
 NEEDS = {"train": ("train",), "rl-sweep": ("train", "rl_sweep"), "train-rm": ("rm",), "pgenrm": ("pgenrm",),
          "headroom": ("pgenrm",), "scaling": ("scaling",), "bon": ("bon",), "serve-reward": ("serve",)}
-# README commands that cannot be checked as written: Command.command -> why
+# commands of the pages that cannot be checked as written: Command.command -> why
 NOT_CHECKABLE: dict[str, str] = {
-    "pr-rlhf ...": "README 'Run on a cluster': `ray job submit ... -- python -m pr_rlhf.cli ...` names no subcommand "
+    "pr-rlhf ...": "docs/guides/clusters.md: `ray job submit ... -- python -m pr_rlhf.cli ...` names no subcommand "
                    "(it says any command runs this way)",
 }
 
 
 @dataclass(frozen=True)
 class Command:
-    where: str          # "README.md:<line>" (and the make target that runs it)
+    where: str          # "<page>:<line>", e.g. "README.md:12" (and the make target that runs it)
     text: str           # as written: one logical shell line, or the inline span
     argv: tuple[str, ...] | None   # after `pr-rlhf`; None: the line did not parse
     error: str = ""
@@ -104,9 +106,15 @@ def _commands_in(text: str, where: str) -> list[Command]:
 
 
 def readme_commands() -> list[Command]:
-    """Every pr-rlhf command README.md writes: shell blocks (``\\`` continuations joined), inline code spans
-    (a span may wrap across lines), the recipe table's rows (``R``: each recipe its first column names)."""
-    lines = README.read_text().splitlines()
+    """Every pr-rlhf command README.md and the documentation pages write."""
+    return [c for page in documentation_pages() for c in page_commands(page)]
+
+
+def page_commands(page: Path) -> list[Command]:
+    """Every pr-rlhf command one page writes: shell blocks (``\\`` continuations joined), inline code spans (a
+    span may wrap across lines), a recipe table's rows (``R``: each recipe its first column names)."""
+    name = page.relative_to(ROOT).as_posix()
+    lines = page.read_text().splitlines()
     found: list[Command] = []
     prose: list[tuple[int, str]] = []
 
@@ -114,7 +122,7 @@ def readme_commands() -> list[Command]:
         text = "\n".join(line for _, line in prose)
         for span in re.finditer(r"`([^`]+)`", text):
             number = prose[0][0] + text.count("\n", 0, span.start())
-            found.extend(_commands_in(" ".join(span.group(1).split()), f"README.md:{number}"))
+            found.extend(_commands_in(" ".join(span.group(1).split()), f"{name}:{number}"))
         prose.clear()
 
     fence = False
@@ -131,7 +139,7 @@ def readme_commands() -> list[Command]:
                 logical = (start, text[:-1])
                 continue
             logical = None
-            found.extend(_commands_in(text.strip(), f"README.md:{start}"))
+            found.extend(_commands_in(text.strip(), f"{name}:{start}"))
         elif line.lstrip().startswith("|"):
             flush_prose()
             cells = line.strip().strip("|").split("|")
@@ -139,7 +147,7 @@ def readme_commands() -> list[Command]:
             for span in re.findall(r"`([^`]+)`", "|".join(cells[1:])):
                 for recipe in recipes if re.search(r"(^|\s)R(\s|$)", span) else [None]:
                     text = re.sub(r"(^|\s)R(?=\s|$)", rf"\g<1>{recipe}", span) if recipe else span
-                    found.extend(_commands_in(text, f"README.md:{number}"))
+                    found.extend(_commands_in(text, f"{name}:{number}"))
         elif not line.strip():
             flush_prose()
         else:
@@ -208,7 +216,12 @@ def test_the_scanner_finds_the_readme_commands():
     assert {"check", "data build", "eval", "train", "rl-sweep", "train-rm", "pgenrm", "headroom", "scaling", "bon",
             "serve-reward", "quickstart"} <= subcommands, subcommands
     assert "pr-rlhf serve-reward recipes/serve_reward.yaml --set serve.reward.kind=scalar" in texts
-    assert any(c.where.startswith("README.md:") and "(make quickstart-full" in c.where for c in COMMANDS)
+    assert any("(make quickstart-full" in c.where for c in COMMANDS)
+    pages = {c.where.split(":")[0] for c in COMMANDS}   # the README and the guides, studies and results files
+    assert {"README.md", "docs/getting-started.md", "docs/guides/pgenrm.md", "docs/studies/bon.md",
+            "docs/results/leaderboard/RESULTS.md"} <= pages, pages
+    readme = {c.argv[0] for c in COMMANDS if c.where.startswith("README.md:") and c.argv}
+    assert {"quickstart", "train", "pgenrm", "bon"} <= readme, readme   # make quickstart and the cluster commands
     assert any("pr_rlhf.cli" in c.text for c in COMMANDS)                     # python -m pr_rlhf.cli
     assert "pr-rlhf pgenrm recipes/pgenrm_smoke.yaml --stage base --stage psi" in texts   # the table's R
     # an inline span broken over two lines (the full tour's `--out` and its folder)
@@ -240,8 +253,10 @@ def test_readme_command_resolves_its_recipe(command: Command, monkeypatch):
     assert not unknown, f"{command.id}: no P-GenRM stage {sorted(unknown)}"
 
 
-def test_every_recipe_file_the_readme_names_exists():
-    named = set(re.findall(r"recipes/[\w/.-]*\w\.(?:yaml|sh)", README.read_text()))
-    assert len(named) >= 20, named
-    missing = sorted(p for p in named if not (ROOT / p).is_file())
-    assert not missing, f"README.md names recipe files that do not exist: {missing}"
+def test_every_recipe_file_the_pages_name_exists():
+    named = {(page.relative_to(ROOT).as_posix(), number, path) for page in documentation_pages()
+             for number, line in enumerate(page.read_text().splitlines(), 1)
+             for path in re.findall(r"recipes/[\w/.-]*\w\.(?:yaml|sh)", line)}
+    assert len({path for _, _, path in named}) >= 20, named
+    missing = sorted(f"{page}:{number}: {path}" for page, number, path in named if not (ROOT / path).is_file())
+    assert not missing, "pages name recipe files that do not exist:\n" + "\n".join(missing)

@@ -1,7 +1,7 @@
-"""Every number in the README's results blocks comes from the committed file the block names, so a rerun that
-changes a result cannot leave a stale number behind.
+"""Every number in a results block of README.md or of a documentation page comes from the committed file the block
+names, so a rerun that changes a result cannot leave a stale number behind.
 
-A results block is marked in README.md:
+A results block is marked in the page:
 
     <!-- numbers: docs/results/x/report.json docs/results/x/analysis.md -->
     ... tables and sentences ...
@@ -9,7 +9,8 @@ A results block is marked in README.md:
 
 Every number in it (outside inline code) must appear in one of the named files, as written or rounded, as a
 fraction shown in percent or points (x 100), or as seconds shown in minutes (/ 60). And no 95% CI (`[a, b]`)
-appears outside a results block: a CI is a result.
+appears outside a results block of a hand-written page: a CI is a result. The files under docs/results/ are the
+studies' committed files (reports, pre-registrations): backing files, not prose, so the CI rule leaves them out.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+RESULTS = DOCS / "results"
 OPEN = re.compile(r"<!-- numbers: (?P<files>[^>]*?) -->")
 CLOSE = "<!-- /numbers -->"
 # a number not glued to a word (u0001, SmolLM2-135M, 8B, x1) or to a path or version (0.32.0)
@@ -32,13 +35,28 @@ CODE = re.compile(r"`[^`]*`")
 CI_LEVEL = re.compile(r"95% (?=CI|bootstrap|percentile)")   # the CI's level is a convention, not a result
 
 
-def blocks(text: str) -> list[tuple[int, list[str], str]]:
-    """(line number, backing files, block text) of every results block."""
+def documentation_pages() -> list[Path]:
+    """README.md and every Markdown page under docs/ (the studies' files under docs/results/ included)."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def is_backing_file(page: Path) -> bool:
+    """A study's committed file (docs/results/): what results blocks cite, not prose that quotes results."""
+    return RESULTS in page.parents
+
+
+def where(page: Path, line: int, root: Path = ROOT) -> str:
+    return f"{page.relative_to(root)}:{line}"
+
+
+def blocks(text: str, page: Path = README) -> list[tuple[int, list[str], str, int, int]]:
+    """(line number, backing files, block text, start, end offsets of the text) of every results block."""
     out = []
     for m in OPEN.finditer(text):
+        line = text[:m.start()].count("\n") + 1
         end = text.find(CLOSE, m.end())
-        assert end > 0, f"README.md line {text[:m.start()].count(chr(10)) + 1}: a results block is never closed"
-        out.append((text[:m.start()].count("\n") + 1, m.group("files").split(), text[m.end():end]))
+        assert end > 0, f"{where(page, line)}: a results block is never closed"
+        out.append((line, m.group("files").split(), text[m.end():end], m.end(), end))
     return out
 
 
@@ -79,28 +97,58 @@ def backed(token: str, numbers: set[float]) -> bool:
     return False
 
 
-def test_every_number_of_a_results_block_is_in_its_backing_files():
-    text = README.read_text()
-    found = blocks(text)
-    assert len(found) >= 10, "the README's results sections name their backing files"
+def unbacked_numbers(page: Path) -> list[str]:
+    """One problem per results block of ``page`` holding a number its backing files do not."""
     problems = []
-    for line, files, body in found:
+    for line, files, body, _, _ in blocks(page.read_text(), page):
         missing = [f for f in files if not (ROOT / f).is_file()]
-        assert not missing, f"README.md line {line}: backing files not committed: {missing}"
+        assert not missing, f"{where(page, line)}: backing files not committed: {missing}"
         numbers = set().union(*(file_numbers(ROOT / f) for f in files))
         prose = CI_LEVEL.sub(" ", CODE.sub(" ", body))
         unbacked = [t for t in NUMBER.findall(prose) if not backed(t, numbers)]
         if unbacked:
-            problems.append(f"README.md line {line} ({', '.join(files)}): {sorted(set(unbacked))[:12]}")
+            problems.append(f"{where(page, line)} ({', '.join(files)}): {sorted(set(unbacked))[:12]}")
+    return problems
+
+
+def stray_intervals(page: Path, root: Path = ROOT) -> list[str]:
+    """``page:line: [a, b]`` for every CI outside the page's results blocks and inline code."""
+    text = page.read_text()
+    for _, _, _, start, end in reversed(blocks(text, page)):   # blank the blocks, keep the line numbers
+        text = text[:start] + re.sub(r"[^\n]", " ", text[start:end]) + text[end:]
+    text = CODE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+    return [f"{where(page, text[:m.start()].count(chr(10)) + 1, root)}: {m.group(0)}" for m in CI.finditer(text)]
+
+
+PAGES = documentation_pages()
+PROSE = [p for p in PAGES if not is_backing_file(p)]
+
+
+def test_the_pages_are_found():
+    names = {str(p.relative_to(ROOT)) for p in PROSE}
+    assert {"README.md", "docs/getting-started.md", "docs/studies/pgenrm-worlds.md", "docs/protocols.md"} <= names
+    assert len(PROSE) >= 25, names
+    assert any(is_backing_file(p) for p in PAGES) and not is_backing_file(README)
+
+
+def test_every_number_of_a_results_block_is_in_its_backing_files():
+    found = {page: blocks(page.read_text(), page) for page in PAGES}
+    assert sum(len(b) for b in found.values()) >= 25, "the results pages name their backing files"
+    assert len(found[README]) >= 2, "the README's output and results tables name their backing files"
+    problems = [p for page in PAGES for p in unbacked_numbers(page)]
     assert not problems, "numbers with no backing:\n" + "\n".join(problems)
 
 
 def test_no_confidence_interval_outside_a_results_block():
-    text = README.read_text()
-    for _, _, body in blocks(text):
-        text = text.replace(body, "")
-    stray = [m.group(0) for m in CI.finditer(CODE.sub(" ", text))]
-    assert not stray, f"CIs outside any results block: {stray[:10]}"
+    stray = [s for page in PROSE for s in stray_intervals(page)]
+    assert not stray, "CIs outside any results block:\n" + "\n".join(stray[:20])
+
+
+def test_a_stray_interval_is_named_by_page_and_line(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("intro\n<!-- numbers: a.json -->\n+1.0 [0.5, 1.5]\n<!-- /numbers -->\nsaid +2.0 [1.0, 3.0]\n"
+                    "`code [1.0, 2.0]`\n")
+    assert stray_intervals(page, root=tmp_path) == ["page.md:5: [1.0, 3.0]"]
 
 
 @pytest.mark.parametrize("token,numbers,ok", [
