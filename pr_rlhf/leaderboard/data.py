@@ -10,11 +10,9 @@ import numpy as np
 
 from pr_rlhf.embedrm.scoring import pair_text
 from pr_rlhf.embedrm.train import PairData
+from pr_rlhf.eval.groups import EVAL_GROUPS, group_of
 from pr_rlhf.world.generator import World, WorldPair
 from pr_rlhf.world.reference import held_out_by_user, reference_scores
-
-# group -> (users, splits): the evaluation pairs, as the P-GenRM study's outcomes hold them
-GROUPS = {"seen": ("seen", ("val", "test")), "cold": ("cold_start", ("test",))}
 
 
 @dataclass
@@ -38,11 +36,12 @@ def evaluation_items(world: World, seen_history: int | None = None, cold_history
     """Every evaluation pair in world order, seen users' then cold-start users' (as ``held_out_by_user`` orders
     them), each with the user's first ``*_history`` train pairs (None: all of them)."""
     out = []
-    for group, (users, splits) in GROUPS.items():
-        size = seen_history if group == "seen" else cold_history
-        for user, held_out in held_out_by_user(world, users, splits):
+    for group in EVAL_GROUPS.values():
+        size = seen_history if group.name == "seen" else cold_history
+        for user, held_out in held_out_by_user(world, group.users, group.splits):
             history = history_of(world.history(user.user_id, size))
-            out += [Item(p.pair_id, p.user_id, group, p.question, p.chosen, p.rejected, history) for p in held_out]
+            out += [Item(p.pair_id, p.user_id, group.name, p.question, p.chosen, p.rejected, history)
+                    for p in held_out]
     return out
 
 
@@ -65,11 +64,11 @@ def reference_outcomes(world: World, predictors: Sequence[str]) -> dict[str, dic
     out: dict[str, dict[str, float]] = {}
     histories = {"": 3, "@all": world.config.history_size}
     for suffix, size in histories.items():
-        for group, (users, splits) in GROUPS.items():
+        for group in EVAL_GROUPS.values():
             names = [n for n in predictors if not (suffix and n == "no_history")]   # the prior reads no pairs
-            if suffix and group == "cold" or not names:
+            if suffix and group.cold_start or not names:
                 continue
-            scores = reference_scores(world, size, users=users, splits=splits, predictors=tuple(names))
+            scores = reference_scores(world, size, users=group.users, splits=group.splits, predictors=tuple(names))
             for name in names:
                 row = out.setdefault(name + suffix, {})
                 row.update(zip(scores["pair_ids"], (float(v) for v in scores[name])))
@@ -113,10 +112,10 @@ def shard_dataset(shards: str, history_pairs: int, cluster: str = "user") -> tup
                 for r in pairs.values() if r["split"] == "train" and r["user_id"] not in cold]
     items, units = [], []
     for r in pairs.values():
-        group = "cold" if r["user_id"] in cold else "seen"
-        if r["split"] not in (("test",) if group == "cold" else ("val", "test")):
+        group = group_of(r["user_id"] in cold)
+        if r["split"] not in group.splits:
             continue
-        items.append(Item(r["pair_id"], r["user_id"], group, r["question"], r["chosen"], r["rejected"],
+        items.append(Item(r["pair_id"], r["user_id"], group.name, r["question"], r["chosen"], r["rejected"],
                           history.get(r["user_id"], [])[:history_pairs]))
         units.append(r["query_id"] if cluster == "query" else r["user_id"])
     return training, items, units

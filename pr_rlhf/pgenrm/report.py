@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pr_rlhf.eval.groups import EVAL_GROUPS
 from pr_rlhf.eval.report import correct_by_pair, fmt_paired_gain, paired_gain
 from pr_rlhf.files import is_complete
 from pr_rlhf.pgenrm.headroom import TYPE_CHOICES, type_choice_table
@@ -36,7 +37,7 @@ ROWS: tuple[tuple[str, str, str | None], ...] = (
     ("psi", "w/o curriculum, RL (PSI only)", "base"),
     ("base", "base (untrained)", None),
 )
-GROUPS = ("seen", "cold")
+GROUPS = tuple(EVAL_GROUPS)
 REFERENCES_FILE = "references.json"
 CONTESTED_FILE = "contested.json"   # pair id -> whether the types consistent with the evidence disagree
 HEADROOM_FILE = "headroom.json"
@@ -65,9 +66,9 @@ def world_references(world, history_size: int = 3) -> dict[str, dict]:
     stages are evaluated on (seen = val + test pairs of seen users; cold = test pairs of cold-start users)."""
     from pr_rlhf.world.reference import reference_accuracies
 
-    return {group: {k: v.as_dict() for k, v in reference_accuracies(world, history_size, users=users,
-                                                                     splits=splits).items()}
-            for group, users, splits in (("seen", "seen", ("val", "test")), ("cold", "cold_start", ("test",)))}
+    return {group.name: {k: v.as_dict() for k, v in reference_accuracies(world, history_size, users=group.users,
+                                                                          splits=group.splits).items()}
+            for group in EVAL_GROUPS.values()}
 
 
 def _normalized(acc: float, oracle: float | None) -> float | None:

@@ -13,6 +13,7 @@ import numpy as np
 
 from pr_rlhf.configs.recipe import EvalConfig
 from pr_rlhf.configs.scaling import ScalingEvalConfig
+from pr_rlhf.eval.groups import EVAL_GROUPS
 from pr_rlhf.report_files import new_figure, write_report_files
 from pr_rlhf.reward.inputs import RMInput, history_rows_by_user, rm_inputs_from_rows
 from pr_rlhf.scaling.scorer import Evidence, decide
@@ -22,18 +23,18 @@ from pr_rlhf.stats import mean_ci, paired_difference_ci
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-GROUPS = {"seen": ("val+test", "seen"), "cold": ("test", "cold_start")}
+GROUPS = EVAL_GROUPS   # the held-out groups the grid reports, in report order (workers/scaling.py loops over them)
 
 
 def group_inputs(cfg: ScalingEvalConfig, group: str, seed: int) -> list[RMInput]:
     """The group's evaluated pairs with the group's history length (the eval's own loader and seeded sample)."""
     from pr_rlhf.eval.runner import load_eval_inputs
 
-    split, users = GROUPS[group]
+    held_out = EVAL_GROUPS[group]
     history = cfg.seen_history_pairs if group == "seen" else cfg.cold_history_pairs
     max_pairs = cfg.seen_pairs if group == "seen" else cfg.cold_pairs
-    return load_eval_inputs(EvalConfig(shards=cfg.shards, split=split, users=users, max_pairs=max_pairs,
-                                       history_pairs=history), seed)
+    return load_eval_inputs(EvalConfig(shards=cfg.shards, split=held_out.split, users=held_out.users,
+                                       max_pairs=max_pairs, history_pairs=history), seed)
 
 
 def member_histories(shards: str, history_pairs: int) -> tuple[dict[str, list[dict]], list[RMInput]]:
@@ -125,7 +126,7 @@ def _pct(x: float) -> str:
 def write_grid_report(out: Path, rows: Sequence[GridRow], references: dict[str, dict], failures: dict[str, dict],
                       extra: dict[str, Any]) -> tuple[Path, Path]:
     """``scaling_grid.md`` (+ ``.json``) and ``scaling_grid.png``: accuracy per (m, n) and group, oracle lines."""
-    groups = sorted({r.group for r in rows}, key=list(GROUPS).index)
+    groups = sorted({r.group for r in rows}, key=list(EVAL_GROUPS).index)
     lines = ["## Test-time user-based scaling", "",
              ("m = chains sampled per pair (scores averaged over valid parses), n = neighbours' histories through "
               "the user prototypes, fused 0.5 / 0.5; (0, 0) = one greedy chain. Accuracy % [95% bootstrap CI]; "
