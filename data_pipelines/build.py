@@ -8,12 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from pr_rlhf.configs.recipe import DataConfig
+from pr_rlhf.configs.recipe import DataConfig, SyntheticDataConfig, data_config
 from pr_rlhf.configs.world import WorldConfig
 from pr_rlhf.records import SourceOutput
 from pr_rlhf.shards import ShardConfig, write_shards
 
-SOURCES = ("synthetic", "prb", "lamp_qa", "personal_rewardbench", "dsp")
 ISSUES_FILE = "issues.jsonl"
 
 
@@ -32,16 +31,15 @@ class BuildReport:
 
 
 def load_source(data: DataConfig, world: WorldConfig | None = None) -> SourceOutput:
-    """Run one source's loader; the module is imported only when asked for (keeps the CLI fast)."""
-    if data.source not in SOURCES:
-        raise ValueError(f"unknown source {data.source!r}; sources are {SOURCES}")
+    """Run one source's loader (the config's member says which, with its typed options); the module is imported
+    only when asked for (keeps the CLI fast)."""
     module = importlib.import_module(f"data_pipelines.{data.source}")
-    if data.source == "synthetic":
+    if isinstance(data, SyntheticDataConfig):   # generated from the world: nothing to read
         return module.load(world or WorldConfig(), skip_invalid=data.skip_invalid)
     if not data.input:
         raise ValueError(f"source {data.source!r} needs --input (a local directory or a dataset name)")
     return module.load(data.input, skip_invalid=data.skip_invalid, encoding_errors=data.encoding_errors,
-                       subsets=data.subsets, **data.options)
+                       subsets=data.subsets, **data.options.model_dump())
 
 
 def attach_retrieval(out: SourceOutput, data: DataConfig, progress: bool = False) -> None:
@@ -85,7 +83,7 @@ def build_shards(data: DataConfig, world: WorldConfig | None = None, *, progress
         extra["summary"] = out.summary
     config = data.model_dump(mode="json")
     config.pop("out", None)  # where it was written is not part of what it is
-    if data.source == "synthetic":
+    if isinstance(data, SyntheticDataConfig):
         config["world"] = (world or WorldConfig()).model_dump(mode="json")
     sc = data.shards
     manifest = write_shards(out_dir, out.tables, source=data.source, config=config, extra=extra,
@@ -119,7 +117,7 @@ def ensure_world_shards(out: str | Path, world: WorldConfig, embedder: str = "bm
             raise ValueError(f"{out}: holds shards of another world than the recipe's; choose another shards "
                              f"directory for it or delete this one")
         return False
-    build_shards(DataConfig(source="synthetic", out=str(out), retrieval={"embedder": embedder}), world)
+    build_shards(data_config(source="synthetic", out=str(out), retrieval={"embedder": embedder}), world)
     if log is not None:
         log(f"built the recipe's synthetic world -> {out}")
     return True

@@ -21,22 +21,20 @@ from pr_rlhf.configs.base import engine_config
 from pr_rlhf.configs.pgenrm import GRPO_STAGES, STAGE_PARENT, GRPOStageConfig, PGenRMConfig, SFTStageConfig
 from pr_rlhf.configs.recipe import EvalConfig, GenerationConfig, Recipe, TrackingConfig, dump_recipe
 from pr_rlhf.configs.rl import RLConfig
-from pr_rlhf.files import atomic_dir, atomic_write_text, is_complete, mark_complete
+from pr_rlhf.eval.groups import EVAL_GROUPS
+from pr_rlhf.files import atomic_dir, is_complete, mark_complete
 from pr_rlhf.models.base import Generation, SamplingParams
-from pr_rlhf.models.generation_cache import CachedEngine, engine_identity
 from pr_rlhf.models.prompting import load_tokenizer
-from pr_rlhf.models.sources import resolve_model, save_model_folder
-from pr_rlhf.pgenrm.cre_reward import cre_reward
+from pr_rlhf.models.sources import resolve_model
 from pr_rlhf.pgenrm.curriculum import hard_share_at, step_prompts
-from pr_rlhf.pgenrm.pr_judge import ChainGroup, CoverageJudge, judged_rewards
-from pr_rlhf.pgenrm.psi_data import PSIExample, grpo_pool, in_other_order, psi_examples
-from pr_rlhf.pgenrm.real_data import RealData, grpo_item, load_real_data
+from pr_rlhf.pgenrm.headroom import HeadroomGateError
+from pr_rlhf.pgenrm.psi_data import PSIExample
+from pr_rlhf.pgenrm.sources import PGenRMSource, open_source
 from pr_rlhf.rl.prompts import batch_at, sft_example
 from pr_rlhf.stats import mean_ci
 from pr_rlhf.threads import capped_threads, set_torch_threads
 from pr_rlhf.tracking import make_tracker
-from pr_rlhf.world.generator import World, build_world
-from pr_rlhf.world.reference import WorldPrior
+from pr_rlhf.world.generator import build_world
 from workers.rl_loop import (
     checkpoint_step,
     complete_checkpoints,
@@ -48,21 +46,13 @@ from workers.rl_loop import (
 )
 
 RESULT = "result.json"
-HEADROOM = "headroom.json"
-REAL_DATA = "real_data.json"        # real data: examples, users, the hard-negative rule and threshold
-TEACHER_REPORT = "teacher.json"     # real data: the teacher stage's cost report (in <out>/psi/)
-PSI_EXAMPLES = "examples.jsonl"     # real data: each stage's training prompts (PSI's with their chains)
-EVAL_GROUPS = {"seen": ("val+test", "seen"), "cold": ("test", "cold_start")}
+__all__ = ["HeadroomGateError", "PGenRMPipeline", "StageOrderError", "run_pgenrm"]
 
 StepCallback = Callable[[str, int, int, dict], None]   # (stage, step done, steps, metrics)
 
 
 class StageOrderError(RuntimeError):
     """A stage was asked for before the stage it starts from was complete."""
-
-
-class HeadroomGateError(RuntimeError):
-    """A GRPO stage was asked for while the headroom check says there is nothing for RL to find."""
 
 
 def _run_model_headroom(model_dir: str, recipe_json: str, threads: int) -> dict:
@@ -114,38 +104,8 @@ def _run_planner_eval(model_dir: str, inputs: list, gold: list[list[str]], top_k
     return out
 
 
-def export_model(state: dict, base_dir: str, out_dir: Path) -> Path:
-    """Weights ``state`` (HF names, full tensors, in this process) written as an HF model directory with
-    ``base_dir``'s config and tokenizer; written to a temporary folder and renamed into place (never half-written).
-    For a state already in hand: a stage's trained model is exported by its learner ranks instead
-    (``LearnerGroup.export_model``, streamed), never gathered here."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    known, tied = model.state_dict(), set(getattr(model, "_tied_weights_keys", None) or ())
-    missing = sorted(set(known) - set(state) - tied)
-    unexpected = sorted(set(state) - set(known))
-    if missing or unexpected:
-        raise ValueError(f"export: weights do not match {base_dir} (missing {missing[:5]}, unexpected "
-                         f"{unexpected[:5]})")
-    model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=False)
-    with atomic_dir(out_dir) as tmp:
-        save_model_folder(model, tmp)
-        AutoTokenizer.from_pretrained(base_dir).save_pretrained(tmp)
-    return out_dir
-
-
-def pair_kinds(hardness: dict[str, str], contested: dict[str, bool] | None = None) -> dict[str, set[str]]:
-    """pair id -> its kinds: the hardness (standard / hard) and, with ``contested``, contested / uncontested."""
-    kinds = {pair_id: {hard} for pair_id, hard in hardness.items()}
-    for pair_id, flag in (contested or {}).items():
-        kinds.setdefault(pair_id, set()).add("contested" if flag else "uncontested")
-    return kinds
-
-
 def hardness_accuracy(predictions: str, kinds: dict[str, set[str]], seed: int = 0) -> dict[str, dict]:
-    """Accuracy with a 95% bootstrap CI (resampling users) per kind of pair (:func:`pair_kinds`) from an eval's
+    """Accuracy with a 95% bootstrap CI (resampling users) per kind of pair (``sources.pair_kinds``) from an eval's
     predictions."""
     from pr_rlhf.pgenrm.report import correct_by_pair
 
@@ -181,19 +141,8 @@ class PGenRMPipeline:
         self.out = Path(self.cfg.out)
         self.on_step = on_step or (lambda *_: None)
         self.on_event = on_event or (lambda _m: None)
-        # real data (psi.source teacher): the shards' pairs, a teacher engine's chains, a judged PR; no world
-        self.real: RealData | None = None
-        self.world: World | None = None
-        if self.cfg.psi.source == "teacher":
-            self.real = load_real_data(self.cfg.shards, self.cfg.history_size, recipe.seed, self.cfg.hard_quantile)
-            self.real_by_pair = {e.inp.pair_id: e for e in self.real.examples}
-        else:
-            self.world = build_world(self.cfg.world)
-            self.prior = WorldPrior.of(self.world)
-            self.pairs = {p.pair_id: p for p in self.world.pairs}
-        self._judge: CoverageJudge | None = None
-        self._examples: dict[bool, list[PSIExample]] = {}
-        self._contested: dict[str, bool] | None = None
+        # the synthetic world or real data, as the config's member says (pr_rlhf.pgenrm.sources)
+        self.data: PGenRMSource = open_source(self.cfg, recipe.seed, self.out, self.on_event)
         self._tokens: dict[str, dict[int, str]] = {}
 
     # ------------------------------------------------------------------------------------------ layout
@@ -225,22 +174,11 @@ class PGenRMPipeline:
 
     # ------------------------------------------------------------------------------------------ run
     def run(self, stages: list[str] | None = None) -> dict[str, dict]:
-        from pr_rlhf.pgenrm.report import CONTESTED_FILE, REFERENCES_FILE, world_references
-
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "recipe.yaml").write_text(dump_recipe(self.recipe))
         todo = stages or list(self.cfg.stages)
-        if self.real is not None:
-            atomic_write_text(self.out / REAL_DATA, json.dumps(self.real.summary(), indent=1))
-            self.on_event(f"real data: {self.real.summary()}; no world, so no offline headroom check")
-        elif any(stage != "planner" for stage in todo):   # the GenRM's references and headroom (not the planner's)
-            if not (self.out / REFERENCES_FILE).is_file():
-                refs = world_references(self.world, self.cfg.history_size)
-                (self.out / REFERENCES_FILE).write_text(json.dumps(refs, indent=1))
-            headroom = self.headroom()
-            if not (self.out / CONTESTED_FILE).is_file():
-                (self.out / CONTESTED_FILE).write_text(json.dumps(self.contested_pairs()))
-            self.on_event(f"headroom ({self.cfg.psi.teacher} teacher): {headroom['gate']['verdict']}")
+        if any(stage != "planner" for stage in todo):   # what the GenRM's reports read (not the planner's)
+            self.data.prepare()
         results: dict[str, dict] = {}
         for stage in todo:
             done = self.result(stage)
@@ -251,42 +189,10 @@ class PGenRMPipeline:
             results[stage] = self.run_stage(stage)
         return results
 
-    def headroom(self) -> dict:
-        """The offline headroom check (``<out>/headroom.json``, written once): teacher vs best rule vs Bayes on the
-        evaluation pairs, the gate, and the GRPO pool's expected share of groups with reward variance."""
-        from pr_rlhf.pgenrm.headroom import pipeline_headroom
-
-        path = self.out / HEADROOM
-        if path.is_file():
-            return json.loads(path.read_text())
-        out = pipeline_headroom(self.cfg, self.recipe.seed, self.world, self.prior, self.examples(keep_incorrect=True))
-        atomic_write_text(path, json.dumps(out, indent=1))
-        return out
-
     def check_gate(self, stage: str) -> None:
-        if stage not in GRPO_STAGES or self.cfg.headroom.gate == "off" or self.real is not None:
-            return
-        verdict = self.headroom()["gate"]
-        if verdict["go"]:
-            return
-        if self.cfg.headroom.gate == "enforce":
-            raise HeadroomGateError(f"stage {stage!r}: {verdict['verdict']} ({self.out / HEADROOM}; set "
-                                    f"pgenrm.headroom.gate: warn to run it anyway)")
-        self.on_event(f"{stage}: runs although the headroom check says {verdict['verdict']}")
-
-    def contested_pairs(self) -> dict[str, bool]:
-        """pair id -> contested, for every evaluation pair (seen and cold-start users, with their own history)."""
-        from pr_rlhf.pgenrm.headroom import EVAL_GROUPS as HELD_OUT
-        from pr_rlhf.pgenrm.headroom import held_out_items
-        from pr_rlhf.pgenrm.psi_data import is_contested
-
-        if self.real is not None:
-            return {}
-        if self._contested is None:
-            self._contested = {it.pair.pair_id: is_contested(self.world, self.prior, it.pair, it.history)
-                               for group in HELD_OUT for it in held_out_items(self.world, group,
-                                                                              self.cfg.history_size)}
-        return self._contested
+        """Raises :class:`HeadroomGateError` for a GRPO stage the data's headroom check refuses."""
+        if self.data.headroom is not None:
+            self.data.headroom.check_gate(stage)
 
     def model_headroom(self, model_dir: str) -> dict:
         """The model part of the headroom check on seen-user held-out prompts (a Ray task)."""
@@ -324,7 +230,7 @@ class PGenRMPipeline:
                 evals = self.evaluate(stage, model_dir)
                 tracker.log_metrics({f"{g}/{k}": v for g in EVAL_GROUPS for k, v in evals[g]["summary"].items()
                                      if isinstance(v, (int, float)) and not isinstance(v, bool)})
-                if stage == "psi" and self.cfg.headroom.after_psi and self.real is None:
+                if stage == "psi" and self.data.headroom is not None and self.data.headroom.after_psi:
                     self.on_event(f"{stage}: headroom of {model_dir} (greedy, maj@k, pass@k, decision entropy)")
                     evals["headroom"] = self.model_headroom(model_dir)
             if stage in GRPO_STAGES and history and history[-1].get("stopped"):
@@ -337,13 +243,12 @@ class PGenRMPipeline:
 
     # ------------------------------------------------------------------------------------------ evaluation
     def eval_recipe(self, stage: str, model_dir: str, group: str) -> Recipe:
-        split, users = EVAL_GROUPS[group]
+        held_out = EVAL_GROUPS[group]
         ecfg = self.cfg.eval
         max_pairs = ecfg.seen_pairs if group == "seen" else ecfg.cold_pairs
-        # real data: the full SEC prompt with the history only (no stated preferences: CRE's information)
         return Recipe(name=f"{self.recipe.name}/{stage}/eval_{group}", seed=self.recipe.seed, eval=EvalConfig(
-            shards=self.cfg.shards, split=split, users=users, max_pairs=max_pairs, modes=["pairwise"],
-            inputs=["none"], pairwise_format="sec" if self.real else "sec_compact",
+            shards=self.cfg.shards, split=held_out.split, users=held_out.users, max_pairs=max_pairs,
+            modes=["pairwise"], inputs=["none"], pairwise_format=self.data.eval_format,
             sec_use_stated_preferences=False, history_pairs=ecfg.history_pairs,
             n_bootstrap=ecfg.n_bootstrap, out=str(self.stage_dir(stage) / f"eval_{group}"),
             judge=self.cfg.eval_engine(model_dir),
@@ -360,86 +265,9 @@ class PGenRMPipeline:
         for group in ("cold", "seen"):
             res = ray.get(task.remote(self.eval_recipe(stage, model_dir, group).model_dump_json(),
                                       self.cfg.torch_threads))
-            res["hardness"] = hardness_accuracy(res["predictions"], self.kinds(), self.recipe.seed)
+            res["hardness"] = hardness_accuracy(res["predictions"], self.data.pair_kinds(), self.recipe.seed)
             out[group] = res
         return out
-
-    def kinds(self) -> dict[str, set[str]]:
-        """pair id -> kinds (hardness, contested) of every pair the evaluations may report."""
-        if self.real is not None:
-            return pair_kinds({p: "hard" if h else "standard" for p, h in self.real.hard.items()})
-        return pair_kinds({p.pair_id: p.hardness for p in self.world.pairs}, self.contested_pairs())
-
-    # ------------------------------------------------------------------------------------------ data
-    def examples(self, keep_incorrect: bool) -> list[PSIExample]:
-        """The (history, pair) examples, built once per pipeline (CRE and curriculum share the same pool). Real
-        data: the teacher's rejection-sampled chains (PSI's examples)."""
-        if self.real is not None:
-            if True not in self._examples:
-                self._examples[True] = self.teacher_chains()
-            return self._examples[True]
-        if keep_incorrect not in self._examples:
-            examples, stats = psi_examples(self.world, self.cfg.history_size, seed=self.recipe.seed,
-                                           keep_incorrect=keep_incorrect, prior=self.prior,
-                                           style=self.cfg.chain_style, history_variants=self.cfg.psi.history_variants,
-                                           teacher=self.cfg.psi.teacher)
-            self.on_event(f"{len(examples)} (history, pair) examples from {stats.examples} ({self.cfg.psi.teacher} "
-                          f"teacher; correct chains: {stats.kept_share:.0%}; "
-                          f"{'no label filter' if keep_incorrect else 'label-filtered'})")
-            self._examples[keep_incorrect] = examples
-        return self._examples[keep_incorrect]
-
-    def cached_engine(self, cfg: Any, name: str) -> CachedEngine:
-        """The engine of ``cfg`` behind the run's generation cache ``<cache>/<name>.jsonl``."""
-        from pr_rlhf.models import make_engine
-
-        folder = Path(self.cfg.psi.cache) if self.cfg.psi.cache else self.out / "cache"
-        return CachedEngine(make_engine(cfg), folder / f"{name}.jsonl", engine_identity(cfg))
-
-    def teacher_chains(self) -> list[PSIExample]:
-        """Real data: the teacher engine's chains for every training example (stated preferences and history in
-        the prompt), rejection-sampled, from the cache where it has them; the cost report ``<out>/psi/teacher.json``
-        (pairs, chains, kept, rejected per kind, requests sent, cache hits, tokens)."""
-        import dataclasses
-
-        from pr_rlhf.pgenrm.teacher import teacher_examples
-
-        psi = self.cfg.psi
-        t0 = time.perf_counter()
-        engine = self.cached_engine(psi.teacher, "teacher")
-        try:
-            self.on_event(f"teacher: {len(self.real.examples)} pairs x {psi.samples_per_pair} chains "
-                          f"({len(engine)} prompts cached)")
-            params = SamplingParams(temperature=psi.teacher_temperature, max_tokens=psi.teacher_max_tokens,
-                                    seed=self.recipe.seed)
-            examples, stats = teacher_examples([e.inp for e in self.real.examples], engine, params,
-                                               seed=self.recipe.seed, samples_per_pair=psi.samples_per_pair,
-                                               use_stated=True)
-        finally:
-            engine.close()
-        by_pair = self.real_by_pair
-        examples = [dataclasses.replace(e, hardness="hard" if by_pair[e.pair_id].hard else "standard",
-                                        history_ids=by_pair[e.pair_id].history_ids) for e in examples]
-        report = {"pairs": stats.pairs, "chains": stats.chains, "kept": stats.kept, "kept_share": stats.kept_share,
-                  "rejected": dict(stats.rejected), "first_engine_error": stats.first_engine_error,
-                  "cache": engine.stats.as_dict(),
-                  "seconds": time.perf_counter() - t0}
-        self.stage_dir("psi").mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.stage_dir("psi") / TEACHER_REPORT, json.dumps(report, indent=1))
-        self.on_event(f"teacher: kept {stats.kept} of {stats.chains} chains; rejected {dict(stats.rejected)}; "
-                      f"{engine.stats.requests} requests sent, {engine.stats.hits} from the cache")
-        if not examples:
-            said = f"; first engine error: {stats.first_engine_error}" if stats.first_engine_error else ""
-            raise ValueError(f"the teacher kept no chain of {stats.chains} ({dict(stats.rejected)}{said}): PSI has "
-                             f"nothing to learn (see {self.stage_dir('psi') / TEACHER_REPORT})")
-        return examples
-
-    def pr_judge(self) -> CoverageJudge:
-        if self._judge is None:
-            self._judge = CoverageJudge(self.cached_engine(self.cfg.pr_judge, "pr_judge"),
-                                        SamplingParams(temperature=0.0, max_tokens=self.cfg.pr_judge_max_tokens,
-                                                       seed=self.recipe.seed))
-        return self._judge
 
     # ------------------------------------------------------------------------------------------ learners
     def _learner(self, model_dir: str, lr: float, temperature: float = 1.0, kl: Any = None):
@@ -498,10 +326,7 @@ class PGenRMPipeline:
         if self.cfg.psi.steps == 0:   # the given model is the PSI model: evaluated, not trained
             self.on_event(f"psi: 0 steps, {start} is the PSI model")
             return start, []
-        chains = self.examples(keep_incorrect=not self.cfg.psi.label_filter)
-        if self.real is not None:   # what PSI saw, for the user (and the test that stated preferences reach it)
-            (sdir / PSI_EXAMPLES).write_text("".join(json.dumps({"pair_id": e.pair_id, "messages": e.messages,
-                                                                 "target": e.target}) + "\n" for e in chains))
+        chains = self.data.psi_examples(sdir)
         return self._sft("psi", start, sdir, tracker, [(e.messages, e.target) for e in chains], self.cfg.psi)
 
     def _planner(self, start: str, sdir: Path, tracker: Any) -> tuple[str, list]:
@@ -528,13 +353,6 @@ class PGenRMPipeline:
                 for name, path in model_dirs.items()}   # one after the other (see evaluate)
 
     # ------------------------------------------------------------------------------------------ GRPO
-    def chain_rewards(self, example: PSIExample, texts: list[str], scfg: GRPOStageConfig) -> list:
-        pair = self.pairs[example.pair_id]
-        x1, x2 = (pair.x_chosen, pair.x_rejected) if example.first_is_chosen else (pair.x_rejected, pair.x_chosen)
-        weights = self.world.user(example.user_id).weights
-        return [cre_reward(t, example.first_is_chosen, self.world.attribute_names, x1, x2, weights,
-                           alpha=scfg.alpha, beta=scfg.beta, format_penalty=scfg.format_penalty) for t in texts]
-
     def token_texts(self, model_dir: str, ids: list[int]) -> list[str]:
         """Each token's text under ``model_dir``'s tokenizer (decoded once per token id)."""
         cache = self._tokens.setdefault(model_dir, {})
@@ -553,17 +371,7 @@ class PGenRMPipeline:
         from pr_rlhf.pgenrm.headroom import decision_position
 
         scored, first_slot, contested_or, fork_nll, fork_nll_contested = [], [], [], [], []
-        if self.real is not None:
-            judge = self.pr_judge()
-            before = judge.stats.as_dict()
-            per_item = judged_rewards([ChainGroup([s.text for s in gen.samples], item.first_is_chosen,
-                                                  self.real.gold.get(item.pair_id, ""),
-                                                  self.real_by_pair[item.pair_id].inp.question)
-                                       for item, gen in zip(items, gens)], judge, scfg.alpha, scfg.beta,
-                                      scfg.format_penalty)
-            after = judge.stats.as_dict()
-        else:
-            per_item = [self.chain_rewards(item, [s.text for s in gen.samples], scfg) for item, gen in zip(items, gens)]
+        per_item, source_metrics = self.data.rewards(items, [[s.text for s in gen.samples] for gen in gens], scfg)
         for item, gen, rewards in zip(items, gens, per_item):
             scored += rewards
             for sample, r in zip(gen.samples, rewards):
@@ -587,11 +395,7 @@ class PGenRMPipeline:
             "reward/parse_rate": len(parsed) / len(scored),
             "reward/outcome_contested": mean(contested_or),
             "data/contested_share": mean([float(e.contested) for e in items]),
-            "decision/first_slot_share": mean(first_slot)}
-        if self.real is not None:
-            metrics["reward/pr_graded"] = after["graded"] - before["graded"]
-            metrics["reward/pr_failed"] = sum(after["failed"].values()) - sum(before["failed"].values())
-            metrics["reward/pr_unavailable"] = after["unavailable"] - before["unavailable"]
+            "decision/first_slot_share": mean(first_slot), **source_metrics}
         if fork_nll:
             metrics["decision/entropy_mc"] = mean(fork_nll)
             metrics["decision/entropy_mc_contested"] = mean(fork_nll_contested)
@@ -605,8 +409,7 @@ class PGenRMPipeline:
             return items, list(range(first_group, first_group + len(items)))
         prompts, groups = [], []
         for i, item in enumerate(items):
-            prompts += [item, in_other_order(item, self.world) if self.real is None else
-                        grpo_item(self.real_by_pair[item.pair_id], not item.first_is_chosen)]
+            prompts += [item, self.data.other_order(item)]
             groups += [first_group + i] * 2
         return prompts, groups
 
@@ -654,12 +457,7 @@ class PGenRMPipeline:
         from workers.rollout import spawn_rollout_worker
 
         scfg = self.cfg.stage_config(stage)
-        pool = grpo_pool(self.examples(keep_incorrect=True) if self.real is None else
-                         [grpo_item(e) for e in self.real.examples], scfg.min_history)
-        hard = [e.contested if scfg.hard_kind == "contested" else e.hardness == "hard" for e in pool]
-        if self.real is not None:   # the stage's prompt pool as the GenRM sees it (history only)
-            (sdir / PSI_EXAMPLES).write_text("".join(json.dumps({"pair_id": e.pair_id, "messages": e.messages,
-                                                                 "hard": h}) + "\n" for e, h in zip(pool, hard)))
+        pool, hard = self.data.grpo_pool(scfg, sdir)
         schedule = None if scfg.hard_share_start is None else (scfg.hard_share_start, scfg.hard_share_end,
                                                                scfg.steps)
         learner = self._learner(start, scfg.lr, scfg.temperature, scfg.kl)
@@ -710,11 +508,7 @@ class PGenRMPipeline:
             for w in rollouts:
                 ray.kill(w)
             learner.shutdown()
-            if self._judge is not None:
-                atomic_write_text(sdir / "pr_judge.json", json.dumps({**self._judge.stats.as_dict(),
-                                                                      "cache": self._judge.engine.stats.as_dict()}))
-                self._judge.engine.close()
-                self._judge = None
+            self.data.end_stage(sdir)
 
 
 def run_pgenrm(recipe: Recipe, stages: list[str] | None = None, address: str | None = None, *,
@@ -731,7 +525,7 @@ def run_pgenrm(recipe: Recipe, stages: list[str] | None = None, address: str | N
     cfg = recipe.pgenrm
     if cfg is None:
         raise ValueError("the recipe has no pgenrm: section")
-    start_driver(address, 3, shards=cfg.shards, world=cfg.world if cfg.psi.source == "world" else None, log=log)
+    start_driver(address, 3, shards=cfg.shards, world=cfg.shards_world(), log=log)
     check_resources(recipe, "pgenrm", log=log)
     results = PGenRMPipeline(recipe, on_step=on_step, on_event=on_event).run(stages)
     if not collect(cfg.out, recipe.seed):

@@ -12,7 +12,7 @@ root's (:mod:`pr_rlhf.configs.inherit`).
 from __future__ import annotations
 
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
@@ -27,11 +27,13 @@ from pr_rlhf.configs.base import (
     StrictModel,
     UnionKey,
     engine_config,
+    parser,
+    tagged_union,
 )
 from pr_rlhf.configs.bon import BoNConfig
 from pr_rlhf.configs.inherit import Declared, fill_children
 from pr_rlhf.configs.leaderboard import LeaderboardConfig
-from pr_rlhf.configs.pgenrm import PGenRMConfig
+from pr_rlhf.configs.pgenrm import PGENRM_MEMBERS, PGenRMConfig
 from pr_rlhf.configs.reward import REWARD_MEMBERS, RewardConfig, reward_config
 from pr_rlhf.configs.rl import RLConfig, RLSweepConfig
 from pr_rlhf.configs.rm import RMTrainConfig
@@ -40,13 +42,8 @@ from pr_rlhf.configs.serve import ServeConfig
 from pr_rlhf.configs.world import WorldConfig
 
 __all__ = ["DataConfig", "EngineConfig", "EvalConfig", "GenerationConfig", "Recipe", "RecipeError", "RewardConfig",
-           "RLConfig", "ScalarRMConfig", "StrictModel", "TrackingConfig", "engine_config", "load_recipe",
+           "RLConfig", "ScalarRMConfig", "StrictModel", "TrackingConfig", "data_config", "engine_config", "load_recipe",
            "reward_config"]
-
-# The union tags pydantic puts into an error's location (reward.genrm.judge): not part of the recipe's own path.
-UNION_TAGS: frozenset[str] = frozenset(ENGINE_MEMBERS) | frozenset(REWARD_MEMBERS)
-
-SourceName = Literal["synthetic", "prb", "lamp_qa", "personal_rewardbench", "dsp"]
 
 
 class RetrievalConfig(StrictModel):
@@ -63,18 +60,94 @@ class ShardsConfig(StrictModel):
     compression: Literal["zstd", "lz4"] = "zstd"
 
 
-class DataConfig(StrictModel):
-    source: SourceName = "synthetic"
-    input: str | None = Field(None, description="local directory or HF dataset name (not used by 'synthetic')")
+class DataBase(StrictModel):
+    """What every source's ``pr-rlhf data build`` sets: where the shards go, how invalid records are handled, the
+    profile retrieval and the shard sizes."""
+
+    source: str
     out: str = "data/synthetic"
     skip_invalid: bool = Field(False, description="skip, count and report invalid records instead of stopping")
+    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
+    shards: ShardsConfig = Field(default_factory=ShardsConfig)
+
+
+class SyntheticDataConfig(DataBase):
+    """The synthetic world, generated from the recipe's ``world:`` (no input, no options)."""
+
+    source: Literal["synthetic"] = "synthetic"
+
+
+class RecordsBase(DataBase):
+    """A source read from records (a local directory or an HF dataset)."""
+
+    input: str | None = Field(None, description="local directory or HF dataset name")
     encoding_errors: Literal["strict", "replace"] = Field(
         "strict", description="bytes that are not UTF-8 text: 'strict' makes the record invalid (named by file, "
                               "record, field and byte offset); 'replace' reads them as U+FFFD and counts the records")
     subsets: list[str] | None = None
-    options: dict[str, Any] = Field(default_factory=dict, description="source-specific options, e.g. survey=PATH")
-    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
-    shards: ShardsConfig = Field(default_factory=ShardsConfig)
+
+
+class PRBOptions(StrictModel):
+    flip_seed: int = Field(0, description="seed of each pair's presentation order (a hash of its id)")
+
+
+class PRBDataConfig(RecordsBase):
+    """Personalized RewardBench (data_pipelines.prb)."""
+
+    source: Literal["prb"] = "prb"
+    options: PRBOptions = Field(default_factory=PRBOptions)
+
+
+class LaMPQAOptions(StrictModel):
+    splits: list[str] | None = Field(None, description="train / validation (or val) / test (None: all)")
+
+
+class LaMPQADataConfig(RecordsBase):
+    """LaMP-QA (data_pipelines.lamp_qa)."""
+
+    source: Literal["lamp_qa"] = "lamp_qa"
+    options: LaMPQAOptions = Field(default_factory=LaMPQAOptions)
+
+
+class PersonalRewardBenchOptions(StrictModel):
+    variant: str | None = Field(None, description="the variant (e.g. prism) when the folder / file / hub name does "
+                                                  "not say it")
+    survey: str | None = Field(None, description="PRISM's survey (user_id, self_description, system_string): the "
+                                                 "users' stated preferences")
+    choice_attributes: str | None = Field(None, description="PRISM's per-conversation attribute ratings")
+    cold_start_max_train: int = Field(1, ge=0, description="users with at most this many train pairs are "
+                                                           "cold-start")
+
+
+class PersonalRewardBenchDataConfig(RecordsBase):
+    """PersonalRewardBench: Chatbot Arena, PRISM (data_pipelines.personal_rewardbench)."""
+
+    source: Literal["personal_rewardbench"] = "personal_rewardbench"
+    options: PersonalRewardBenchOptions = Field(default_factory=PersonalRewardBenchOptions)
+
+
+class DSPOptions(StrictModel):
+    test_share: float = Field(0.4, ge=0, le=1, description="share of queries (all their pairs) in test")
+    split_seed: int = 0
+
+
+class DSPDataConfig(RecordsBase):
+    """DSP, Domain-Specific Preference (data_pipelines.dsp)."""
+
+    source: Literal["dsp"] = "dsp"
+    options: DSPOptions = Field(default_factory=DSPOptions)
+
+
+DATA_MEMBERS: dict[str, type[DataBase]] = {
+    "synthetic": SyntheticDataConfig, "prb": PRBDataConfig, "lamp_qa": LaMPQADataConfig,
+    "personal_rewardbench": PersonalRewardBenchDataConfig, "dsp": DSPDataConfig}
+SourceName = Literal["synthetic", "prb", "lamp_qa", "personal_rewardbench", "dsp"]
+DataConfig = tagged_union(DATA_MEMBERS, "source", "synthetic", "data")
+data_config: Callable[..., DataBase] = parser(DataConfig)
+
+# The union tags pydantic puts into an error's location (reward.genrm.judge): not part of the recipe's own path.
+UNION_TAGS: frozenset[str] = (frozenset(ENGINE_MEMBERS) | frozenset(REWARD_MEMBERS) | frozenset(PGENRM_MEMBERS)
+                              | frozenset(DATA_MEMBERS))
 
 
 class EvalConfig(StrictModel):
@@ -154,7 +227,7 @@ class Recipe(StrictModel):
     name: str = "recipe"
     seed: int = Field(0, description="the seed of every section that has one (engines, scorers, learners, the "
                                      "prototype refinement) and sets none")
-    data: DataConfig = Field(default_factory=DataConfig)
+    data: DataConfig = Field(default_factory=data_config)
     shards: str | None = Field(None, description="when set, the shard folder of every section that reads shards "
                                "(eval, train.data, rm, pgenrm, scaling, bon) and names none; one that names another "
                                "is an error")

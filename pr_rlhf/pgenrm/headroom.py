@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from pr_rlhf.configs.pgenrm import PGenRMConfig
+from pr_rlhf.configs.pgenrm import WorldPGenRMConfig
+from pr_rlhf.eval.groups import EVAL_GROUPS
 from pr_rlhf.pgenrm.oracle_chain import TeacherRule, oracle_chain, teacher_types, vote_type
 from pr_rlhf.pgenrm.psi_data import candidate_decisions, is_contested
 from pr_rlhf.stats import paired_difference_ci
@@ -40,7 +41,10 @@ GATE_OVERALL = 0.05      # the best rule beats the teacher by this much overall 
 GATE_CONTESTED = 0.20    # ... and by this much on the contested pairs ...
 GATE_CONTESTED_SHARE = 0.20   # ... which are at least this share of the evaluation set
 DECISION_MARKER = "Type:"     # the vote chain's decision: every later line follows from it
-EVAL_GROUPS = {"seen": ("seen", ("val", "test")), "cold": ("cold_start", ("test",))}
+
+
+class HeadroomGateError(RuntimeError):
+    """A GRPO stage was asked for while the headroom check says there is nothing for RL to find."""
 
 
 @dataclass(frozen=True)
@@ -52,13 +56,13 @@ class HeldOutItem:
 def held_out_items(world: World, group: str, history_size: int) -> list[HeldOutItem]:
     """The evaluation pairs of ``group`` (seen: val + test of seen users; cold: test of cold-start users), each with
     the user's first ``history_size`` train pairs as history (the evaluation's own)."""
-    users, splits = EVAL_GROUPS[group]
+    held_out = EVAL_GROUPS[group]
     out = []
     for user in world.users:
-        if user.cold_start != (users == "cold_start"):
+        if user.cold_start != held_out.cold_start:
             continue
         history = world.history(user.user_id, history_size)
-        out += [HeldOutItem(p, history) for p in world.pairs_of(user.user_id) if p.split in splits]
+        out += [HeldOutItem(p, history) for p in world.pairs_of(user.user_id) if p.split in held_out.splits]
     return out
 
 
@@ -421,7 +425,7 @@ def headroom_markdown(offline: dict[str, Any], model: dict[str, Any] | None = No
 # For a pipeline recipe
 # -------------------------------------------------------------------------------------------------------------------
 
-def pipeline_headroom(cfg: PGenRMConfig, seed: int, world: World | None = None, prior: WorldPrior | None = None,
+def pipeline_headroom(cfg: WorldPGenRMConfig, seed: int, world: World | None = None, prior: WorldPrior | None = None,
                       examples: Sequence[Any] | None = None) -> dict[str, Any]:
     """The offline check of a ``pgenrm:`` recipe section: its world, teacher and history size, and its GRPO pool
     (the seen users' (history, pair) train examples with >= ``cre.min_history`` history pairs; ``examples``: when
@@ -443,7 +447,7 @@ def pipeline_headroom(cfg: PGenRMConfig, seed: int, world: World | None = None, 
                             pool=pool, pool_contested_share=stage_share)
 
 
-def sampled_model_headroom(model_dir: str, world: World, cfg: PGenRMConfig, seed: int,
+def sampled_model_headroom(model_dir: str, world: World, cfg: WorldPGenRMConfig, seed: int,
                            prior: WorldPrior | None = None) -> dict[str, Any]:
     """:func:`model_headroom` on ``cfg.headroom.prompts`` seeded held-out seen-user prompts."""
     prior = prior or WorldPrior.of(world)

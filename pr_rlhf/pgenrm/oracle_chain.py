@@ -37,16 +37,13 @@ from typing import Literal
 
 import numpy as np
 
+from pr_rlhf.configs.pgenrm import TeacherRule
 from pr_rlhf.reward.sec import SEC, Criterion, CriterionScore
 from pr_rlhf.world.attributes import CATALOG
 from pr_rlhf.world.generator import World, WorldPair
 from pr_rlhf.world.reference import WorldPrior
 
 ChainStyle = Literal["full", "compact", "trace", "vote"]
-# How the vote chain's teacher picks ``Type`` (docs/protocols.md section 4): "votes" the type with most votes (the
-# best rule a student can read off its own prompt), "recent_pair" uniformly among the types that agree with the most
-# recent history pair (a teacher that uses less than the student sees: the student's context holds a better rule)
-TeacherRule = Literal["votes", "recent_pair"]
 TYPE_LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 CLEAR_WEIGHT = 0.25   # |posterior-mean weight| above which the persona states a preference
 

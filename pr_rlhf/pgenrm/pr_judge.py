@@ -119,15 +119,18 @@ class ChainGroup:
     question: str
 
 
-def judged_rewards(groups: Sequence[ChainGroup], judge: CoverageJudge, alpha: float = 0.5, beta: float = 1.0,
-                   format_penalty: float = -0.1) -> list[list[CREReward]]:
+def judged_rewards(groups: Sequence[ChainGroup], judge: CoverageJudge | None, alpha: float = 0.5,
+                   beta: float = 1.0, format_penalty: float = -0.1) -> list[list[CREReward]]:
     """The CRE reward of every chain with the judged PR, one judge call for all parsed chains of all groups. A
     chain whose PR the judge failed to give gets the mean PR of its group's graded chains (0 when none was
-    graded): within a GRPO group a judge failure neither helps nor hurts a chain."""
+    graded): within a GRPO group a judge failure neither helps nor hurts a chain. Without a judge (None) there is
+    no PR: alpha must be 0."""
+    if judge is None and alpha > 0:
+        raise ValueError(f"alpha {alpha} weighs a process reward, and there is no PR judge to grade it")
     parsed = [[(lambda p: p.value if p.ok else None)(parse_sec(t)) for t in g.texts] for g in groups]
     asked = [(gi, ci) for gi, secs in enumerate(parsed) for ci, sec in enumerate(secs) if sec is not None]
     grades = judge.grade([(groups[gi].gold_criteria, parsed[gi][ci], groups[gi].question) for gi, ci in asked]) \
-        if alpha > 0 else [None] * len(asked)
+        if judge is not None and alpha > 0 else [None] * len(asked)
     by_chain = dict(zip(asked, grades))
     out = []
     for gi, (group, secs) in enumerate(zip(groups, parsed)):

@@ -1,4 +1,4 @@
-"""The P-GenRM pipeline's parts (config, schedules, curriculum sampling, export, the ablation report) and, end to end
+"""The P-GenRM pipeline's parts (config, schedules, curriculum sampling, the ablation report) and, end to end
 on Ray through the CLI, the RL stages from the shipped P-GenRM (CRE, curriculum, their evaluations, mlflow, the
 ablation report, resume, test-time scaling). PSI from scratch is tests/e2e/test_psi_from_scratch.py."""
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pr_rlhf.configs.pgenrm import GRPOStageConfig, PGenRMConfig, PSIConfig
+from pr_rlhf.configs.pgenrm import GRPOStageConfig, WorldPSIConfig, pgenrm_config
 from pr_rlhf.configs.recipe import load_recipe
 from pr_rlhf.pgenrm.curriculum import hard_share_at, step_prompts
 from tests.cli_subprocess import run_cli
@@ -20,7 +20,7 @@ CLI_ENV = {**os.environ, "RAY_AUTH_MODE": "disabled"}   # the command's own loop
 
 
 def test_psi_lr_schedule_warms_up_then_decays_to_the_floor():
-    cfg = PSIConfig(steps=100, lr=1e-3, warmup_steps=10, min_lr_ratio=0.1)
+    cfg = WorldPSIConfig(steps=100, lr=1e-3, warmup_steps=10, min_lr_ratio=0.1)
     lrs = [cfg.lr_at(s) for s in range(100)]
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))          # monotone decay after warm-up
@@ -28,7 +28,7 @@ def test_psi_lr_schedule_warms_up_then_decays_to_the_floor():
 
 
 def test_stage_configs_and_validation():
-    cfg = PGenRMConfig()
+    cfg = pgenrm_config()
     assert cfg.stage_config("cre_no_pr").alpha == 0 and cfg.stage_config("cre_no_pr").beta == cfg.cre.beta
     assert cfg.stage_config("cre_no_or").beta == 0 and cfg.stage_config("cre_no_or").alpha == cfg.cre.alpha
     assert cfg.stage_config("curriculum").alpha == 0 and cfg.curriculum.hard_share_end > cfg.curriculum.hard_share_start
@@ -39,7 +39,7 @@ def test_stage_configs_and_validation():
     with pytest.raises(ValueError, match="advantage"):
         GRPOStageConfig(advantage="gae")   # GAE needs a critic the GenRM stages do not train
     with pytest.raises(ValueError, match="compact"):
-        PGenRMConfig(world={"rendering": "varied"})
+        pgenrm_config(world={"rendering": "varied"})
     recipe = load_recipe(ROOT / "recipes" / "pgenrm_pipeline.yaml", ["pgenrm.cre.steps=3"])
     assert recipe.pgenrm.cre.steps == 3 and recipe.pgenrm.stages == ["base", "psi", "cre", "curriculum", "control"]
     assert recipe.pgenrm.psi.teacher == "recent_pair" and not recipe.pgenrm.psi.label_filter
@@ -138,24 +138,6 @@ def test_paired_gain_and_report_from_stage_results(tmp_path):
     assert cre_row["seen"]["gain"]["gain"] == pytest.approx(gain["gain"])
 
 
-def test_export_writes_a_model_that_reloads_with_the_same_weights(tmp_path):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from pr_rlhf.models.sources import resolve_model
-    from workers.pgenrm import export_model
-
-    base = resolve_model("tiny")
-    model = AutoModelForCausalLM.from_pretrained(base)
-    state = {k: v + 0.01 for k, v in model.state_dict().items()}
-    out = export_model(state, base, tmp_path / "model")
-    again = AutoModelForCausalLM.from_pretrained(out).state_dict()
-    assert all(torch.equal(again[k], state[k]) for k in again)
-    assert (out / "tokenizer.json").is_file() and not (tmp_path / "model.tmp").exists()
-    with pytest.raises(ValueError, match="do not match"):
-        export_model({"nope": torch.zeros(1)}, base, tmp_path / "bad")
-
-
 def test_stage_order_error_names_the_missing_parent(tmp_path):
     from pr_rlhf.configs.recipe import Recipe
     from workers.pgenrm import PGenRMPipeline, StageOrderError
@@ -177,7 +159,7 @@ def test_stage_order_error_names_the_missing_parent(tmp_path):
     with pytest.raises(StageOrderError, match="--stage cre"):
         given.start_model("curriculum")
     with pytest.raises(ValueError, match="start_from.base"):
-        PGenRMConfig(start_from={"base": shipped})
+        pgenrm_config(start_from={"base": shipped})
 
 
 def test_headroom_gate_refuses_rl_when_the_teacher_is_the_best_rule(tmp_path):
@@ -205,7 +187,7 @@ def test_headroom_gate_refuses_rl_when_the_teacher_is_the_best_rule(tmp_path):
     assert any("no go" in e for e in events)
     beatable = Recipe(pgenrm={"world": world, "out": str(tmp_path / "beat"), "chain_style": "vote",
                               "psi": {"teacher": "recent_pair"}, "headroom": {"gate": "enforce"}})
-    gate = PGenRMPipeline(beatable).headroom()["gate"]   # on this small world the contested gap is smaller
+    gate = PGenRMPipeline(beatable).data.headroom.offline()["gate"]   # on this small world the contested gap is smaller
     assert gate["rule_minus_teacher"] > 0.05 and gate["rule_minus_teacher_contested"] > 0.1, gate
 
 

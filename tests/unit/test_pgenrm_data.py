@@ -139,12 +139,12 @@ def test_cre_reward_outcome_process_and_format_penalty(world):
 
 def test_planner_examples_round_trip_and_aspect_metrics(tmp_path):
     from data_pipelines.build import build_shards
-    from pr_rlhf.configs.recipe import DataConfig
+    from pr_rlhf.configs.recipe import data_config
     from pr_rlhf.pgenrm.planner_data import aspect_precision_recall, planner_examples, world_aspect_key
     from pr_rlhf.reward.planner import parse_aspects
 
     out = tmp_path / "shards"
-    build_shards(DataConfig(source="synthetic", out=str(out), retrieval={"embedder": "bm25"}),
+    build_shards(data_config(source="synthetic", out=str(out), retrieval={"embedder": "bm25"}),
                  WorldConfig(users=6, cold_start_users=2, reference_samples=200))
     train = planner_examples(str(out), splits=("train",))
     test = planner_examples(str(out), splits=("test",))

@@ -4,7 +4,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pr_rlhf.configs.pgenrm import GRPOStageConfig, PGenRMConfig
+from pr_rlhf.configs.pgenrm import GRPOStageConfig, pgenrm_config
 from pr_rlhf.configs.world import WorldConfig
 from pr_rlhf.pgenrm.headroom import (
     HeldOutItem,
@@ -188,7 +188,7 @@ def test_grpo_pool_keeps_the_evaluation_shaped_prompts(world, prior):
     assert len(pool) == sum(len(e.history_ids) == 3 for e in examples) and grpo_pool(examples) == examples
     with pytest.raises(ValueError, match="history pairs"):
         grpo_pool(examples, 4)
-    cfg = PGenRMConfig(world=WORLD, psi={"teacher": "recent_pair", "history_variants": 4},
+    cfg = pgenrm_config(world=WORLD, psi={"teacher": "recent_pair", "history_variants": 4},
                        cre={"min_history": 3, "hard_kind": "contested", "hard_share_start": 0.9,
                             "hard_share_end": 0.9})
     offline = pipeline_headroom(cfg, 0, world, prior, examples)
@@ -210,7 +210,7 @@ def test_chain_decision_of_a_type_matches_the_oracle_chain(world, prior):
 def test_grpo_stage_options_validate():
     with pytest.raises(ValueError, match="odd"):
         GRPOStageConfig(group_size=3, both_orders=True)
-    cfg = PGenRMConfig()
+    cfg = pgenrm_config()
     control = cfg.stage_config("control")
     assert control.hard_share_start is None and control.steps == cfg.curriculum.steps
     assert control.alpha == cfg.curriculum.alpha

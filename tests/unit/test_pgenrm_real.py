@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from pr_rlhf.configs.pgenrm import PGenRMConfig
-from pr_rlhf.configs.recipe import DataConfig, RetrievalConfig
+from pr_rlhf.configs.recipe import RetrievalConfig, data_config
 from pr_rlhf.configs.world import WorldConfig
 from pr_rlhf.models.base import Generation, Sample, SamplingParams
 from pr_rlhf.models.generation_cache import CachedEngine
@@ -136,8 +135,8 @@ def prism_shards(tmp_path):
     from data_pipelines.build import build_shards
 
     raw = fx.prism_users_fixture(tmp_path / "raw")
-    data = DataConfig(source="personal_rewardbench", input=str(tmp_path / "raw"), out=str(tmp_path / "shards"),
-                      options={"survey": str(raw["survey"])}, retrieval=RetrievalConfig(embedder="bm25", top_k=2))
+    data = data_config(source="personal_rewardbench", input=str(tmp_path / "raw"), out=str(tmp_path / "shards"),
+                       options={"survey": str(raw["survey"])}, retrieval=RetrievalConfig(embedder="bm25", top_k=2))
     build_shards(data)
     return str(tmp_path / "shards"), raw
 
@@ -177,23 +176,6 @@ def test_hard_negatives_without_ratings_are_the_most_similar_answers():
                       "meta": '{"chosen_score": 5, "rejected_score": 4}'}]
     flags, rule, _ = hard_flags(rated, {"r", "same"}, 0.5)
     assert rule == "label_margin" and flags == {"same": False, "far": False, "mid": False, "r": True}
-
-
-def test_real_data_recipes_are_checked():
-    real = {"psi": {"source": "teacher", "teacher": TEACHER}, "process_reward": "judge", "pr_judge": TEACHER,
-            "curriculum": {"alpha": 0.0, "hard_share_start": 0.3, "hard_share_end": 0.8, "hard_kind": "label_margin"}}
-    assert PGenRMConfig(**real).psi.teacher.model == "teacher"
-    bad = [({"psi": {"source": "teacher"}}, "needs psi.teacher to be an engine"),
-           ({"psi": {"teacher": TEACHER}}, "psi.source is 'world'"),
-           ({**real, "process_reward": "exact"}, "has no exact PR"),
-           ({**real, "pr_judge": None}, "needs pr_judge"),
-           ({"process_reward": "judge", "pr_judge": TEACHER}, "the synthetic world's PR is exact"),
-           ({**real, "curriculum": {"hard_share_start": 0.3, "hard_share_end": 0.8}}, "real data's curriculum"),
-           ({"curriculum": {"hard_kind": "label_margin"}}, "'label_margin' is for real data"),
-           ({"psi": {"source": "teacher", "teacher": TEACHER, "label_filter": False}}, "rejection sampling")]
-    for fields, message in bad:
-        with pytest.raises(ValueError, match=message):
-            PGenRMConfig(**fields)
 
 
 def test_generation_cache_counts_the_servers_billed_tokens_where_it_reports_them(tmp_path):

@@ -14,7 +14,8 @@ from pydantic import BaseModel
 
 from pr_rlhf.configs.base import EngineConfig, HFEngineConfig, OpenAIEngineConfig, VLLMEngineConfig, engine_config
 from pr_rlhf.configs.learner import LearnerConfig
-from pr_rlhf.configs.recipe import Recipe, RecipeError, dump_recipe, load_recipe
+from pr_rlhf.configs.pgenrm import PGenRMConfig, TeacherPSIConfig, WorldPSIConfig
+from pr_rlhf.configs.recipe import DataConfig, Recipe, RecipeError, dump_recipe, load_recipe
 from pr_rlhf.configs.reward import (
     GenRMRewardConfig,
     GoldRewardConfig,
@@ -87,7 +88,10 @@ def union_members(union: Any) -> set[type[BaseModel]]:
     return {get_args(member)[0] for member in get_args(inner)}
 
 
-UNIONS = [union_members(EngineConfig), union_members(RewardConfig)]
+# Each family: classes of which a section is one, so that a field of another is no field of the selected one (a
+# P-GenRM section's psi is its member's: the world's teacher rule or real data's teacher engine)
+UNIONS = [union_members(EngineConfig), union_members(RewardConfig), union_members(DataConfig),
+          union_members(PGenRMConfig), {WorldPSIConfig, TeacherPSIConfig}]
 
 
 def leaves(tree: Any, path: tuple = ()) -> dict[tuple, Any]:
