@@ -37,7 +37,7 @@ def escape(text: str) -> str:
         if part.startswith("`") and part.endswith("`") and len(part) > 1:
             out.append(part.replace("|", "\\|"))
         else:
-            out.append(re.sub(r"([\\*_\[\]|<>#])", r"\\\1", part))
+            out.append(re.sub(r"([\\*_\[\]|>#])", r"\\\1", part).replace("<", "&lt;"))
     return "".join(out)
 
 
