@@ -70,7 +70,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 # Every benchmark in sequence at its default size (bench/suite.py; tens of minutes on 2 cores): their BENCH lines
-# into docs/results/bench.{json,md} and the README's benchmark table. bench-quick: each one's --quick form (minutes),
+# into docs/results/bench.{json,md} and docs/benchmarks.md's table. bench-quick: each one's --quick form (minutes),
 # into bench/out/quick/ (a check that they run, not figures to quote).
 bench: $(STAMP)
 	$(PY) bench/suite.py

@@ -9,7 +9,7 @@ gold utility), in the same process; ``ratio = baseline_s / pooled_s`` (higher is
 Model: the policy SmolLM2-135M-Instruct (``--model``; ``tiny`` with ``--quick``). Data: held-out queries of a
 12-user synthetic world (10-post profiles in the prompts), its shards built into a temp dir by
 ``data_pipelines.build.ensure_world_shards``. One engine request per prompt on both sides (a request mixing
-several prompts would measure batch shapes, not the pooling; README "Benchmarks" has the measurement). On CPU the
+several prompts would measure batch shapes, not the pooling; docs/benchmarks.md has the measurement). On CPU the
 default N is 32 (63 vs 32 generations per prompt), not the GPU recipe's 128: say so when quoting it.
 The LAST line is machine-readable (``bench/common.py``):
 

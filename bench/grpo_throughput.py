@@ -44,7 +44,7 @@ The LAST line is machine-readable (``bench/common.py``):
 ``.venv/bin/python bench/grpo_throughput.py`` (N=3, both sizes; about 5 minutes on 2 cores) or ``--quick`` (N=1,
 ~1M only: no 25m fields). Per-step phase times are printed for both sides (ours: the
 controller's ``time/*_s`` metrics; TRL: wrappers timing ``_generate`` and ``_calculate_rewards``, the rest of the
-step is "train"). README "Benchmarks" has what made ours faster.
+step is "train"). docs/benchmarks.md has what made ours faster.
 
 """
 from __future__ import annotations

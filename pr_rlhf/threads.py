@@ -3,7 +3,7 @@
 
 Why a cap: processes that each run as many threads as the machine has cores spin in OpenMP barriers waiting for
 each other's cores, and small operations (the tiny models) then run several times slower than with one thread
-each (README "Tests"). Whoever runs several processes side by side (the test suite's parallel workers, a job
+each (docs/testing.md). Whoever runs several processes side by side (the test suite's parallel workers, a job
 beside another on a shared machine) sets the cap once; every place that sets a thread count goes through here.
 torch is imported lazily: configs and the CLI may import this module.
 """

@@ -4,7 +4,8 @@ In-process SFT (plain torch, 2 threads, no Ray) of a model on the oracle's PSI c
 decoding of held-out seen-user pairs: accuracy (ties count wrong), parse failures, and per chain line how often
 the model's line equals the oracle chain's line on the same prompt, which shows the step of the chain that
 fails (history transliteration, Prefers, Fit, criteria, scores). The pipeline (`pr-rlhf pgenrm`) is the measured
-path; this probe decides what to run there. The README's "Measured learning" table came from it, e.g.
+path; this probe decides what to run there. The quickstart's design probes (docs/studies/quickstart.md) came from it,
+e.g.
 
     python research/psi_probe.py recipes/pgenrm_smoke.yaml --steps 600
     python research/psi_probe.py recipes/pgenrm_pipeline.yaml --steps 900 --eval-every 300 --eval-n 300 --max-new 420

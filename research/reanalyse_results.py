@@ -9,9 +9,9 @@
   per prompt, with each prompt's user) -> sweep.json / sweep.md / sweep.png regenerated in place, the agreement
   groups from the world the recipe builds.
 - P-GenRM runs (pgenrm = world 0, the development world; pgenrm_w2): outcomes.json (per pair, with its user) ->
-  reanalysis.json / reanalysis.md: each stage's accuracy and the paired gains the README quotes, all pairs and
-  contested ones. Arms whose per-pair verdicts were never committed (CRE-B/C/D, filtered PSI, CRE-D's curriculum
-  and control) are listed as not re-analysable.
+  reanalysis.json / reanalysis.md: each stage's accuracy and the paired gains the results pages (docs/studies/)
+  quote, all pairs and contested ones. Arms whose per-pair verdicts were never committed (CRE-B/C/D, filtered
+  PSI, CRE-D's curriculum and control) are listed as not re-analysable.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ RL_SWEEPS = (
      "personalized_vs_global: PPO per reward"),
     ("rl_validity", "arms/{arm}.history.json", "recipe.yaml", "rl_validity: GRPO per reward"),
 )
-# further paired comparisons the README quotes, (new arm, old arm), per sweep folder
+# further paired comparisons the results pages (docs/studies/) quote, (new arm, old arm), per sweep folder
 RL_EXTRA = {"rl_validity": (("pgenrm", "rm_profile"), ("rm_plan", "rm_profile"))}
 PGENRM_RUNS = {
     "pgenrm": ("recipes/pgenrm_pipeline.yaml",

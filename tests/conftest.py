@@ -10,7 +10,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # Parallel workers (`make test` runs two): each process and everything it starts (CLI subprocesses, local Ray
 # clusters and their actors) runs one torch thread. Several processes with a thread per core each spin in OpenMP
-# barriers and run the tiny models several times slower (README "Tests"); pr_rlhf.threads caps explicit counts too.
+# barriers and run the tiny models several times slower (docs/testing.md); pr_rlhf.threads caps explicit counts too.
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     for _var in ("PR_RLHF_MAX_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[_var] = "1"
@@ -18,7 +18,7 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 _TIER_SECONDS: dict[str, float] = {}
 # `make test` hands whole files to two workers (pytest-xdist, --dist loadfile --no-loadscope-reorder) in the order
 # below: the longest files first, the short ones last (longest processing time first), so that the workers finish
-# together; the many small unit and integration files fill in at the end. Measured (README "Tests"), longest first:
+# together; the many small unit and integration files fill in at the end. Measured (docs/testing.md), longest first:
 E2E_LONGEST_FIRST = ("test_psi_from_scratch.py", "test_rl.py", "test_ray_job_submit.py", "test_pgenrm_pipeline.py",
                      "test_benches.py", "test_rl_personalized.py", "test_pgenrm_real.py", "test_train_rm.py",
                      "test_build_cli.py")

@@ -41,7 +41,7 @@ def test_quick_form_ends_with_its_bench_line(bench):
         assert not failed, f"optional parts failed: {failed}\n--- stderr\n{outcome.stderr[-5000:]}"
 
 
-def test_bench_line_reads_back_and_the_readme_table_is_replaced(tmp_path):
+def test_bench_line_reads_back_and_the_page_table_is_replaced(tmp_path):
     fields = {"n": 3, "grid": "failed:ValueError: no 'x'"}
     line = common.Result("demo", config="a | b", baseline="base: 2 s", ours="ours: 1 s", ratio=2.0,
                          fields=fields).line()
@@ -51,7 +51,7 @@ def test_bench_line_reads_back_and_the_readme_table_is_replaced(tmp_path):
     assert common.last_bench_line(f"{line}\nTraceback (most recent call last):") is None
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{suite.TABLE_BEGIN}\nold table\n{suite.TABLE_END}\nrest\n")
-    suite.rewrite_readme("| new |\n", readme)
+    suite.rewrite_table("| new |\n", readme)
     assert readme.read_text() == f"intro\n{suite.TABLE_BEGIN}\n| new |\n{suite.TABLE_END}\nrest\n"
 
 

@@ -215,7 +215,7 @@ def assert_not_run_again(run, out: Path, stages, written: dict) -> None:
     assert written_at(out, stages) == written
 
 
-# Hang timeouts: several times the slowest 2-core class's measured time (README "Tests"), never a time a correct run
+# Hang timeouts: several times the slowest 2-core class's measured time (docs/testing.md), never a time a correct run
 # can reach there. (PSI from scratch: tests/e2e/test_psi_from_scratch.py, a file of its own so that parallel
 # workers run it beside this one.)
 @pytest.mark.timeout(HANG_RL_S + HANG_RESUME_S + HANG_SCALING_S + 600)

@@ -18,7 +18,7 @@ from tests.e2e.test_pgenrm_pipeline import (
 HANG_PSI_S = 3600
 # The PSI model's own headroom measurement (greedy vs maj@k vs pass@k) is not what this test checks; it is
 # measured by the pipeline runs whose headroom the README reports. 300 of the smoke recipe's 400 steps clear the
-# bound with one torch thread (as under `make test`) with torch's AVX-512 and AVX2 kernels alike (README "Tests").
+# bound with one torch thread (as under `make test`) with torch's AVX-512 and AVX2 kernels alike (docs/testing.md).
 PSI_STEPS = 300
 SETS = ("pgenrm.headroom.after_psi=false", f"pgenrm.psi.steps={PSI_STEPS}")
 
