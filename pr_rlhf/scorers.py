@@ -172,13 +172,15 @@ class _ModelScorer(Scorer):
         self.planner = None
         self.plans_computed = 0     # planner calls made (one per distinct user/question/profile in a batch)
         self._own_engines: list[Any] = []
-        if cfg.planner is not None:
+        planner = cfg.engine_for("planner")
+        if planner is not None:
             from pr_rlhf.models import make_engine
             from pr_rlhf.reward.planner import Planner
 
-            engine = judge_engine if (judge_engine is not None and cfg.planner == cfg.judge) else None
+            # a planner equal to the judge is the judge's engine (the config says so: its roles), built once
+            engine = judge_engine if "judge" in planner.roles and judge_engine is not None else None
             if engine is None:
-                engine = make_engine(cfg.planner)
+                engine = make_engine(planner.config)
                 self._own_engines.append(engine)
             self.planner = Planner(engine, params=self.params, max_aspects=cfg.planner_max_aspects)
 

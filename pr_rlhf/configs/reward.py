@@ -36,20 +36,27 @@ fields are typed :data:`RewardConfig` (the union) and code builds one with :func
   them); with neither, the population's prior.
 - ``"persona"`` (:class:`PersonaRewardConfig`): SynthesizeMe's persona, induced per user from the request's
   history pairs on any engine and read by a judge (or a scalar RM) as the user's stated preferences.
+
+What a scorer builds is said by its config: :meth:`RewardBase.engines` lists the engines (an
+:class:`EngineRef` each: the field, its config, the roles it plays), which the scorers build, the pre-flight check
+(``pr_rlhf.resources``) checks against the worker's GPUs and `pr-rlhf plan` sizes.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from pr_rlhf.configs.base import (
+    EngineBase,
     EngineConfig,
     GenerationConfig,
     OpenAIEngineConfig,
     ScalarRMConfig,
     StrictModel,
+    VLLMEngineConfig,
     engine_config,
     parser,
     tagged_union,
@@ -61,6 +68,41 @@ RewardKind = Literal["gold", "world_estimate", "scalar", "genrm", "http", "rubri
                      "vpl", "gpo", "persona"]
 EMBEDDING_KINDS = ("bt_embedding", "pal", "lore", "vpl", "gpo")
 WORLD_ESTIMATORS = ("oracle", "logistic_regression", "no_history", "true_weights")
+
+
+@dataclass(frozen=True)
+class EngineRef:
+    """One engine a worker builds: the recipe field that configures it (relative to its section, e.g. ``judge``;
+    :meth:`at` prefixes the section's path), its config (a generation engine or a scalar RM), and the roles it plays
+    (a planner equal to the judge is the judge's engine, built once: roles ``("judge", "planner")``)."""
+
+    field: str
+    config: EngineBase | ScalarRMConfig
+    roles: tuple[str, ...] = ()
+
+    def at(self, where: str) -> EngineRef:
+        """The same engine named by its full recipe path (``where`` + ``.`` + its field)."""
+        return replace(self, field=f"{where}.{self.field}" if where else self.field)
+
+    @property
+    def gpus(self) -> int:
+        """GPUs it spans where it runs on CUDA (0: on the CPU, or behind an OpenAI-compatible server): vLLM's
+        tensor parallelism, else one."""
+        cfg = self.config
+        if isinstance(cfg, OpenAIEngineConfig) or not cfg.device.startswith("cuda"):
+            return 0
+        return cfg.tensor_parallel_size if isinstance(cfg, VLLMEngineConfig) else 1
+
+
+def _with_planner(engines: list[EngineRef], planner: EngineConfig | None) -> list[EngineRef]:
+    """``engines`` and the planner: its own engine, or (equal to one of them) a role of that engine."""
+    if planner is None:
+        return engines
+    for i, ref in enumerate(engines):
+        if ref.config == planner:
+            engines[i] = replace(ref, roles=(*ref.roles, "planner"))
+            return engines
+    return [*engines, EngineRef("planner", planner, ("planner",))]
 
 
 class RewardPoolConfig(StrictModel):
@@ -85,6 +127,15 @@ class RewardBase(StrictModel):
     kind: str
     seed: int = 0
     pool: RewardPoolConfig = Field(default_factory=RewardPoolConfig)
+
+    def engines(self) -> list[EngineRef]:
+        """The engines a worker hosting this scorer builds, each once (none: the world's judges and the embedding
+        models, which run on the CPU without one)."""
+        return []
+
+    def engine_for(self, role: str) -> EngineRef | None:
+        """The engine that plays ``role`` ("judge", "planner", "scalar_rm"), or None."""
+        return next((ref for ref in self.engines() if role in ref.roles), None)
 
 
 class GoldRewardConfig(RewardBase):
@@ -130,6 +181,9 @@ class ScalarRewardConfig(ModelRewardBase):
     kind: Literal["scalar"] = "scalar"
     scalar_rm: ScalarRMConfig = Field(default_factory=ScalarRMConfig)
 
+    def engines(self) -> list[EngineRef]:
+        return _with_planner([EngineRef("scalar_rm", self.scalar_rm, ("scalar_rm",))], self.planner)
+
 
 class GenRMRewardConfig(ModelRewardBase):
     kind: Literal["genrm"] = "genrm"
@@ -156,6 +210,9 @@ class GenRMRewardConfig(ModelRewardBase):
     def compares_with_reference(self) -> bool:
         """The chain judges each response against a reference answer (meta['reference'])."""
         return self.genrm_mode == "sec_reference"
+
+    def engines(self) -> list[EngineRef]:
+        return _with_planner([EngineRef("judge", self.judge, ("judge",))], self.planner)
 
     def inherited_fields(self) -> tuple[str, ...]:
         """The world only where the judge reads it (the compact view)."""
@@ -186,6 +243,9 @@ class RubricRewardConfig(RewardBase):
     generation: GenerationConfig = Field(default_factory=GenerationConfig, description="judge sampling")
     rubric_mode: Literal["all", "per_aspect"] = Field("all", description="every aspect in one call, or one call "
                                                                         "per aspect (LaMP-QA's evaluator)")
+
+    def engines(self) -> list[EngineRef]:
+        return [EngineRef("judge", self.judge, ("judge",))]
 
 
 class EmbeddingRewardConfig(RewardBase):
@@ -235,6 +295,11 @@ class PersonaRewardConfig(RewardBase):
     history_pairs: int = Field(8, ge=2, description="the most history pairs of a request the persona is built from")
     scalar_rm: ScalarRMConfig | None = Field(None, description="read the persona with this scalar RM instead of the "
                                                                "judge")
+
+    def engines(self) -> list[EngineRef]:
+        """The judge always (it writes the traces and the persona), and the scalar RM that reads it when set."""
+        judge = EngineRef("judge", self.judge, ("judge",))
+        return [judge] if self.scalar_rm is None else [judge, EngineRef("scalar_rm", self.scalar_rm, ("scalar_rm",))]
 
 
 REWARD_MEMBERS: dict[str, type[RewardBase]] = {
