@@ -88,6 +88,7 @@ class BoNSweep:
     def generate_pool(self, prompts: Sequence[tuple[PromptItem, dict]]) -> list[dict]:
         import ray
 
+        from pr_rlhf.actors import bon_groups
         from workers.rl_loop import generate_sharded
         from workers.rollout import spawn_rollout_worker
 
@@ -98,9 +99,9 @@ class BoNSweep:
         self.log(f"pool: {len(done)} prompts on disk, {len(todo)} to generate (n={self.cfg.n})")
         if not todo:
             return rows
-        workers = [spawn_rollout_worker(self.cfg.policy.model_copy(update={"seed": self.seed}),
-                                        num_cpus=self.cfg.rollout_num_cpus, num_gpus=self.cfg.rollout_num_gpus)
-                   for _ in range(self.cfg.rollout_workers)]
+        rollout = next(g for g in bon_groups(self.cfg) if g.role == "rollout")
+        workers = [spawn_rollout_worker(self.cfg.policy.model_copy(update={"seed": self.seed}), **rollout.options())
+                   for _ in range(rollout.count)]
         try:
             part = len(list(folder.glob("part-*.parquet")))
             step = self.cfg.prompts_per_call * self.cfg.rollout_workers
@@ -231,13 +232,14 @@ def run_bon(recipe: Recipe, address: str | None = None, log: Any = print) -> dic
     ``address`` (else a local Ray), the sweep (resumed when killed), its metrics in one mlflow run; returns the
     sweep's report (``<bon.out>/bon.md`` holds its tables)."""
 
+    from pr_rlhf.actors import bon_groups, cpus_needed
     from pr_rlhf.tracking import make_tracker
     from workers.ray_utils import check_resources, start_driver
 
     cfg = recipe.bon
     if cfg is None:
         raise ValueError("the recipe has no bon: section")
-    start_driver(address, 2, shards=cfg.shards, world=cfg.world, log=log)
+    start_driver(address, max(2, cpus_needed(bon_groups(cfg))), shards=cfg.shards, world=cfg.world, log=log)
     check_resources(recipe, "bon", log=log)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     report = BoNSweep(cfg, seed=recipe.seed, log=log).run()

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from pr_rlhf import actors
 from pr_rlhf.configs.recipe import Recipe, dump_recipe
 from pr_rlhf.configs.rl import RLConfig
 from pr_rlhf.models.base import Generation, SamplingParams
@@ -110,15 +111,13 @@ class RLController:
         learner_cfg = cfg.learner.model_copy(update={"temperature": cfg.temperature, "seed": self.recipe.seed})
         self._workers_started = True  # from here on, shutdown() releases whatever was started
         self.learner = LearnerGroup(learner_cfg, name=None)
-        bundle = {"CPU": cfg.rollout_num_cpus, **({"GPU": cfg.rollout_num_gpus} if cfg.rollout_num_gpus else {}),
-                  **cfg.rollout_resources}
-        self._rollout_pg = reserve_bundles([dict(bundle) for _ in range(cfg.rollout_workers)], "PACK", "rollout")
-        self.rollouts = [spawn_rollout_worker(cfg.rollout, num_cpus=cfg.rollout_num_cpus,
-                                              num_gpus=cfg.rollout_num_gpus, resources=dict(cfg.rollout_resources),
+        rollout = next(g for g in actors.declare(self.recipe, "train") if g.role == "rollout")
+        self._rollout_pg = reserve_bundles(list(rollout.bundles), rollout.placement_group, "rollout")
+        self.rollouts = [spawn_rollout_worker(cfg.rollout, **rollout.options(),
                                               scheduling_strategy=PlacementGroupSchedulingStrategy(
                                                   placement_group=self._rollout_pg,
                                                   placement_group_bundle_index=i))
-                         for i in range(cfg.rollout_workers)]
+                         for i in range(rollout.count)]
         self.reward_pool = RewardPool(self.reward_config())
         if cfg.downstream is not None:
             self.downstream_pool = RewardPool(self.reward_config(cfg.downstream))
@@ -320,10 +319,7 @@ class RLController:
 
 def cpus_needed(recipe: Recipe) -> float:
     """Logical CPUs an RL run's actors ask Ray for (a local Ray must offer at least this many)."""
-    cfg, pool = recipe.train, recipe.reward.pool
-    learner = cfg.learner.world_size * cfg.learner.num_cpus_per_worker
-    down = cfg.downstream.pool.workers * cfg.downstream.pool.num_cpus if cfg.downstream is not None else 0.0
-    return learner + cfg.rollout_workers * cfg.rollout_num_cpus + pool.workers * pool.num_cpus + down
+    return actors.cpus_needed(actors.declare(recipe, "train"))
 
 
 def run_rl(recipe: Recipe, address: str | None = None, *, on_step: Callable[[dict], None] | None = None,

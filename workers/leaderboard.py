@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from pr_rlhf.actors import LEADERBOARD_SERVICE_CPUS, cpus_needed, leaderboard_groups, leaderboard_model_reward
 from pr_rlhf.configs.leaderboard import LeaderboardConfig
 from pr_rlhf.eval.worlds import WorldOutcomes
 from pr_rlhf.files import atomic_write_text, is_complete, mark_complete
@@ -162,8 +163,6 @@ class Leaderboard:
                 seed: int | None) -> dict[str, dict[str, float]]:
         """The recipe's other reward models (``models``: any kind) scored once each on the pairs of the worlds (or
         sets) they are listed for, and through the same pool on the few-shot sets."""
-        from pr_rlhf.configs.reward import reward_config
-
         arms = {}
         few_path = folder / "few_shot.json"
         for name, row in self.cfg.models.items():
@@ -178,7 +177,7 @@ class Leaderboard:
             sets = {} if path.is_file() else {"main": main}
             sets.update({key: its for key, its in few.items() if (name, int(key[1:])) not in have})
             if sets:
-                cfg = reward_config(**{"pool": self.cfg.pool.model_dump(), **row.reward})
+                cfg = leaderboard_model_reward(self.cfg, name)
                 scored = self.score_sets(cfg, sets)
                 if "main" in scored:
                     atomic_write_text(path, json.dumps(scored.pop("main")))
@@ -204,7 +203,8 @@ class Leaderboard:
             np.savez(folder / "train_tmp.npz", users=users, chosen=chosen.numpy(), rejected=rejected.numpy())
             (folder / "train_tmp.npz").replace(data)
         settings = self.cfg.train.model_dump() | {"seed": self.cfg.seed}
-        task = ray.remote(num_cpus=1)(_train_task)
+        training = next(g for g in leaderboard_groups(self.cfg) if g.phase == "leaderboard training")
+        task = ray.remote(**training.options())(_train_task)
         refs = {m: task.remote(str(data), m, self.cfg.methods[m], settings, str(folder / "models" / m),
                                self.cfg.embedder) for m in methods}
         for method, ref in refs.items():
@@ -328,7 +328,7 @@ class Leaderboard:
             reward = reward_config(kind=method, model=str(folder / "models" / method), embedder=self.cfg.embedder,
                                    history_pairs=max(fs.ks))
             base = deploy(ServeConfig(reward=reward, port=port, name=f"few_shot_{method}",
-                                      route_prefix=f"/{method}", num_cpus=1,
+                                      route_prefix=f"/{method}", num_cpus=LEADERBOARD_SERVICE_CPUS,
                                       users=UserStoreConfig(url=sqlite_url(folder / f"service_{method}.sqlite"),
                                                             history_pairs=max(fs.ks), embedder=None,
                                                             profile_items=0)))
@@ -422,6 +422,6 @@ def run_leaderboard(recipe: Any, address: str | None = None, log: Callable[[str]
     from workers.ray_utils import check_resources, start_driver
 
     cfg = recipe.leaderboard
-    start_driver(address, 2)
+    start_driver(address, max(2, cpus_needed(leaderboard_groups(cfg))))
     check_resources(recipe, "leaderboard", log=log)
     return Leaderboard(cfg, log).run()

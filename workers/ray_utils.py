@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -197,7 +198,7 @@ def start_driver(address: str | None, min_cpus: float, *, shards: str | None = N
         from data_pipelines.build import ensure_world_shards
 
         ensure_world_shards(shards, world, log=log)
-    return init_ray(address, num_cpus=max(os.cpu_count() or 1, min_cpus))
+    return init_ray(address, num_cpus=max(os.cpu_count() or 1, math.ceil(min_cpus)))
 
 
 def check_resources(recipe: Any, command: str, wait_s: float = 120.0, log: Any = print) -> list:
@@ -205,17 +206,30 @@ def check_resources(recipe: Any, command: str, wait_s: float = 120.0, log: Any =
     starts: a recipe that cannot run raises here, naming its field, instead of leaving actors pending. A cluster too
     small may still be growing (a KubeRay job starts once the head is up, worker pods join after): a shortfall is
     retried for ``wait_s`` seconds on a joined cluster, never on the local one this process started."""
+    from pr_rlhf.resources import check
+
+    return _until_it_fits(lambda nodes: check(recipe, command, nodes), wait_s, log)
+
+
+def check_declared(groups: list, wait_s: float = 120.0, log: Any = print) -> list:
+    """:func:`check_resources` for actor groups declared from a section alone (the reward service's replicas)."""
+    from pr_rlhf.resources import check_groups
+
+    return _until_it_fits(lambda nodes: check_groups(groups, nodes), wait_s, log)
+
+
+def _until_it_fits(check: Any, wait_s: float, log: Any) -> list:
     import time
 
     import ray
 
-    from pr_rlhf.resources import ClusterFitError, check
+    from pr_rlhf.resources import ClusterFitError
 
     deadline = time.monotonic() + (0.0 if _STATE is not None and _STATE.started else wait_s)
     while True:
         nodes = [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
         try:
-            return check(recipe, command, nodes)
+            return check(nodes)
         except ClusterFitError as exc:
             if time.monotonic() >= deadline:
                 raise

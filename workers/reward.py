@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pr_rlhf.actors import reward_pool_group
 from pr_rlhf.configs.reward import RewardBase, RewardConfig, reward_config
 from pr_rlhf.scorers import RewardRequest, Scorer, build_scorer
 
@@ -162,8 +163,7 @@ class RewardPool:
     def _spawn(self, index: int) -> None:
         self._incarnation[index] += 1
         worker_id = f"reward-{index}.{self._incarnation[index]}"
-        options = {"num_cpus": self._pool.num_cpus, "num_gpus": self._pool.num_gpus,
-                   **({"resources": dict(self._pool.resources)} if self._pool.resources else {}),
+        options = {**reward_pool_group(self.cfg).options(),
                    "max_concurrency": self._pool.max_inflight + 2, "max_restarts": 0, "max_task_retries": 0,
                    **self._options}
         # The config travels as plain data: unpickling it needs no import in the worker.

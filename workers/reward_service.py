@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import math
 import os
 import time
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
 from ray import serve
 
+from pr_rlhf.actors import cpus_needed, replica_group
 from pr_rlhf.configs.reward import RewardConfig
 from pr_rlhf.configs.serve import ServeConfig
 from pr_rlhf.scorers import Evaluation, RewardRequest, Scorer, build_scorer
@@ -266,7 +268,7 @@ def deploy(cfg: ServeConfig, *, blocking: bool = False,
     serve.start(http_options={"host": cfg.host, "port": cfg.port, "request_timeout_s": cfg.request_timeout_s + 30})
     application = RewardService.options(
         num_replicas=cfg.replicas, max_ongoing_requests=cfg.max_ongoing_requests,
-        ray_actor_options={"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus},
+        ray_actor_options=replica_group(cfg).options(),
     ).bind(cfg.model_dump(), scorer_factory)
     serve.run(application, name=cfg.name, route_prefix=cfg.route_prefix, blocking=blocking)
     return f"http://{cfg.host}:{cfg.port}{cfg.route_prefix.rstrip('/')}"
@@ -280,10 +282,12 @@ def run_reward_service(cfg: ServeConfig, address: str | None = None, *, detach: 
     import signal
 
     from pr_rlhf.serve.starting import proxy_environment
-    from workers.ray_utils import init_ray
+    from workers.ray_utils import check_declared, init_ray
 
     # Serve's proxies answer 503 + Retry-After, not 404, on the service's routes until they exist
-    init_ray(address, num_cpus=max(os.cpu_count() or 1, 2), worker_env=proxy_environment(cfg.route_prefix))
+    init_ray(address, num_cpus=max(os.cpu_count() or 1, 2, math.ceil(cpus_needed([replica_group(cfg)]))),
+             worker_env=proxy_environment(cfg.route_prefix))
+    check_declared([replica_group(cfg)])
     on_ready(deploy(cfg))
     if detach:
         return

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pr_rlhf.configs.base import ScalarRMConfig
+from pr_rlhf.actors import cpus_needed, rm_eval_scalar_rm, rm_eval_task, rm_groups
 from pr_rlhf.configs.recipe import EvalConfig, Recipe, dump_recipe
 from pr_rlhf.configs.rm import RMTrainConfig
 from pr_rlhf.files import is_complete, mark_complete
@@ -57,9 +57,7 @@ def eval_recipe(recipe: Recipe, mode: str, model_dir: Path, out: Path) -> Recipe
                          modes=["pointwise"], inputs=[mode], pointwise_model="scalar", history_pairs=0,
                          top_k_profile=cfg.top_k_profile, planner_max_aspects=cfg.planner_max_aspects,
                          n_bootstrap=cfg.eval.n_bootstrap, out=str(out), generation=cfg.planner_generation,
-                         scalar_rm=ScalarRMConfig(model=str(model_dir), max_length=cfg.max_length,
-                                                  batch_size=cfg.eval.batch_size, device=cfg.eval.device,
-                                                  dtype=cfg.eval.dtype), **planner)
+                         scalar_rm=rm_eval_scalar_rm(cfg).model_copy(update={"model": str(model_dir)}), **planner)
     return recipe.model_copy(update={"name": f"{recipe.name}/{mode}", "eval": section})
 
 
@@ -139,7 +137,7 @@ class RMTrainer:
         out = self.out / mode / "eval"
         if is_complete(out):
             return json.loads((out / "result.json").read_text())
-        task = ray.remote(num_cpus=1, num_gpus=1 if self.cfg.eval.device == "cuda" else 0)(_evaluate)
+        task = ray.remote(**rm_eval_task(self.cfg, ray.cluster_resources().get("GPU", 0.0)).options())(_evaluate)
         result = ray.get(task.remote(eval_recipe(self.recipe, mode, model_dir, out)))
         result["model"] = str(model_dir)
         (out / "result.json").write_text(json.dumps(result))
@@ -169,8 +167,7 @@ def run_train_rm(recipe: Recipe, address: str | None = None, *, on_step: StepCal
     cfg = recipe.rm
     if cfg is None:
         raise ValueError("the recipe has no rm: section")
-    start_driver(address, cfg.learner.world_size * cfg.learner.num_cpus_per_worker + 1, shards=cfg.shards,
-                 world=cfg.world, log=log)
+    start_driver(address, cpus_needed(rm_groups(cfg, 0.0)), shards=cfg.shards, world=cfg.world, log=log)
     check_resources(recipe, "train-rm", log=log)
     results = RMTrainer(recipe, on_step=on_step, log=log).run()
     groups = user_groups(cfg.shards, next(iter(results.values()))["predictions"]) if results else {}

@@ -144,20 +144,23 @@ def run_scaling(recipe: Recipe, address: str | None = None, log: Any = print) ->
 
     import ray
 
+    from pr_rlhf.actors import cpus_needed, scaling_groups
     from pr_rlhf.pgenrm.report import world_references
     from pr_rlhf.scaling.grid import GridRow, write_grid_report
     from pr_rlhf.tracking import make_tracker
     from pr_rlhf.world.generator import build_world
     from pr_rlhf.world.reference import reference_accuracies
-    from workers.ray_utils import start_driver
+    from workers.ray_utils import check_resources, start_driver
 
     cfg = recipe.scaling
     if cfg is None:
         raise ValueError("the recipe has no scaling: section")
-    start_driver(address, 2, shards=cfg.shards, world=cfg.world, log=log)
+    (grid_task,) = scaling_groups(cfg)
+    start_driver(address, max(2, cpus_needed([grid_task])), shards=cfg.shards, world=cfg.world, log=log)
+    check_resources(recipe, "scaling", log=log)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    task = ray.remote(num_cpus=1)(run_grid)
+    task = ray.remote(**grid_task.options())(run_grid)
     result = ray.get(task.remote(cfg.model_dump_json(), recipe.seed, cfg.torch_threads))
     world = build_world(cfg.world)
     refs = {"seen": world_references(world, cfg.seen_history_pairs)["seen"],

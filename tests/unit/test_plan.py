@@ -43,7 +43,7 @@ def test_ppo_recipe_plan_places_every_actor_and_prices_the_weight_sync():
     res = plan("recipes/gpu/ppo_personalized.yaml", *CLUSTER_2x8)
     assert res.exit_code == 0, res.output
     assert "train: 10 of 16 GPUs" in res.output
-    for actor in ("reward worker 0-1", "rollout 0-1", "learner rank 0", "learner rank 1-3", "driver"):
+    for actor in ("reward worker 0-1", "rollout worker 0-1", "learner rank 0", "learner rank 1-3", "driver"):
         assert actor in res.output, actor
     # Qwen2.5-0.5B in bfloat16, once per rollout engine (2 engines), over the assumed link
     assert "= 0.99 GB per engine x 2 engine(s) = 1.98 GB" in res.output
@@ -75,7 +75,7 @@ def test_a_tensor_parallel_group_larger_than_a_node_is_refused():
             "reward.judge.tensor_parallel_size)") in res.stderr
     res = plan("recipes/gpu/pgenrm_pipeline.yaml", *CLUSTER_2x8, "--set", "pgenrm.rollout.tensor_parallel_size=16",
                "--set", "pgenrm.rollout_num_gpus=16")
-    assert res.exit_code == 2 and "rollout: a tensor-parallel group of 16 GPUs" in res.stderr, res.output
+    assert res.exit_code == 2 and "rollout worker: a tensor-parallel group of 16 GPUs" in res.stderr, res.output
 
 
 def test_vllm_weights_over_the_engine_budget_and_a_gpu_engine_without_gpus_are_refused():
@@ -149,7 +149,7 @@ def test_the_learner_counts_fsdp2s_root_group_the_gradient_reduce_and_packed_log
     the lm_head, 1.24B parameters): the root unsharded from forward to backward beside two layers, the root's bf16
     gradient with its fp32 copy for the reduce-scatter, and with shared_prefix every packed position's bf16 logits."""
     from pr_rlhf.configs.learner import LearnerConfig
-    from pr_rlhf.planning import _Builder
+    from pr_rlhf.planning.sizing import _Builder
 
     arch = Models().get("Qwen/Qwen3-8B")
     root = 2 * arch.vocab * arch.hidden + arch.hidden
@@ -174,7 +174,7 @@ def test_the_learner_figure_brackets_a_published_fsdp2_measurement():
     plan's figures for those two must bracket it (a loose check: the bracket is wide; docs/measurements.md lists
     both figures beside the published one)."""
     from pr_rlhf.configs.learner import LearnerConfig
-    from pr_rlhf.planning import _Builder
+    from pr_rlhf.planning.sizing import _Builder
 
     def per_gpu(checkpointed: bool) -> float:
         cfg = LearnerConfig(model="meta-llama/Llama-3.1-8B-Instruct", world_size=8, strategy="fsdp2", device="cuda",
@@ -186,3 +186,61 @@ def test_the_learner_figure_brackets_a_published_fsdp2_measurement():
 
     full, none = per_gpu(True), per_gpu(False)
     assert full < 82.4 < none, (full, none)
+
+
+def recipes_with_actors() -> list[Path]:
+    from pr_rlhf.actors import commands_of
+    from pr_rlhf.configs.recipe import load_recipe
+
+    return [p for p in sorted((ROOT / "recipes").glob("*.yaml")) + GPU_RECIPES if commands_of(load_recipe(p))]
+
+
+@pytest.mark.parametrize("path", recipes_with_actors(), ids=lambda p: str(p.relative_to(ROOT / "recipes")))
+def test_the_plan_places_the_actors_the_pre_flight_check_checks(path):
+    """For every recipe and every command it has a section for: the plan's phases hold the groups the pre-flight check
+    checks (the drivers' own list), with the same counts and GPUs per actor."""
+    from pr_rlhf.actors import commands_of
+    from pr_rlhf.configs.recipe import load_recipe
+    from pr_rlhf.planning import recipe_phases
+    from pr_rlhf.planning.placement import _base
+    from pr_rlhf.resources import check
+
+    recipe = load_recipe(path)
+    nodes = [{"CPU": 1000.0, "GPU": 8.0}] * 2     # the plan's 2 x 8 GPUs
+    checked = [g for command in commands_of(recipe) for g in check(recipe, command, nodes)]
+    phases, _, _ = recipe_phases(recipe, Models(), 80.0, 8, nodes=2)
+    assert [p.name for p in phases] == list(dict.fromkeys(g.phase for g in checked))
+    for phase in phases:
+        planned: dict[str, list[float]] = {}
+        for actor in phase.actors:
+            if actor.name != "driver":   # the job's own driver, which every phase has
+                planned.setdefault(_base(actor.name), []).append(actor.gpus)
+        declared = {g.actor: [g.gpus] * g.count for g in checked if g.phase == phase.name and g.role != "driver"}
+        in_driver = {g.actor for g in checked if g.phase == phase.name and g.role == "driver"}
+        assert {k: v for k, v in planned.items() if k not in in_driver} == declared, phase.name
+        assert in_driver <= set(planned), phase.name
+
+
+def test_device_auto_is_one_rule_a_gpu_where_the_cluster_has_gpus():
+    from pr_rlhf.actors import uses_gpu
+    from pr_rlhf.configs.recipe import load_recipe
+    from pr_rlhf.planning import recipe_phases
+    from pr_rlhf.resources import check
+
+    assert uses_gpu("auto", 8) and not uses_gpu("auto", 0)
+    assert uses_gpu("cuda", 0) and uses_gpu("cuda:1", 0) and not uses_gpu("cpu", 8)
+    recipe = load_recipe(ROOT / "recipes" / "grpo_tiny.yaml")
+    assert recipe.train.learner.device == "auto"
+
+    def learner_gpus(groups) -> float:
+        return next(g for g in groups if g.role == "learner").gpus
+
+    assert learner_gpus(check(recipe, "train", [{"CPU": 16.0}])) == 0.0            # a CPU cluster: none
+    assert learner_gpus(check(recipe, "train", [{"CPU": 16.0, "GPU": 8.0}])) == 1.0
+    phases, _, _ = recipe_phases(recipe, Models(), 80.0, 8)                     # the plan's cluster has GPUs
+    ranks = [a for a in phases[0].actors if a.name.startswith("learner rank")]
+    assert ranks and all(a.gpus == 1.0 and a.gpu_bytes > 0 for a in ranks)
+    on_cpu = load_recipe(ROOT / "recipes" / "grpo_tiny.yaml", ["train.learner.device=cpu"])
+    phases, _, _ = recipe_phases(on_cpu, Models(), 80.0, 8)
+    assert all(a.gpus == 0.0 and a.gpu_bytes == 0 for a in phases[0].actors if a.name.startswith("learner rank"))
+    assert learner_gpus(check(on_cpu, "train", [{"CPU": 16.0, "GPU": 8.0}])) == 0.0

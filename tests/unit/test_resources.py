@@ -1,5 +1,6 @@
-"""Resources checked before anything starts (pr_rlhf.resources): engines against their actors' GPUs, bundles against
-the nodes, each phase against the cluster, with errors naming the recipe field; vLLM's executor chosen explicitly."""
+"""Resources checked before anything starts (pr_rlhf.resources) on the actors each command declares
+(pr_rlhf.actors): engines against their actors' GPUs, bundles against the nodes, each phase against the cluster, with
+errors naming the recipe field; vLLM's executor chosen explicitly; every command that starts actors checked."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,9 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pr_rlhf.actors import declare
 from pr_rlhf.configs.base import engine_config, vllm_eager, vllm_weight_transfer
 from pr_rlhf.configs.recipe import RecipeError, load_recipe
-from pr_rlhf.resources import ClusterFitError, ResourceError, actor_groups, check
+from pr_rlhf.resources import ClusterFitError, ResourceError, check
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "recipes" / "gpu"
@@ -79,10 +81,11 @@ def test_a_bundle_larger_than_any_node_is_refused():
 
 def test_a_phase_larger_than_the_cluster_is_refused():
     one_node = [{"CPU": 16.0, "GPU": 8.0}]
-    with pytest.raises(ClusterFitError, match=r"training: .* GPU 12 \(pgenrm.learner.num_gpus_per_worker: 8 x 1, "
-                                              r"pgenrm.rollout_num_gpus: 2 x 2\), the cluster has 8"):
+    with pytest.raises(ClusterFitError, match=r"^pgenrm GRPO \(cre, curriculum\): .* GPU 12 \(pgenrm.learner."
+                                              r"num_gpus_per_worker: 8 x 1, pgenrm.rollout_num_gpus: 2 x 2\), the "
+                                              r"cluster has 8"):
         check(gpu_recipe("pgenrm_pipeline"), "pgenrm", one_node)
-    with pytest.raises(ClusterFitError, match=r"rl: .* CPU 12 \(train.learner.num_cpus_per_worker: 4 x 0.5, "
+    with pytest.raises(ClusterFitError, match=r"^train: .* CPU 12 \(train.learner.num_cpus_per_worker: 4 x 0.5, "
                                               r"train.rollout_num_cpus: 2 x 1, reward.pool.num_cpus: 2 x 4\)"):
         check(gpu_recipe("ppo_personalized"), "train", [{"CPU": 8.0, "GPU": 8.0}, {"CPU": 2.0, "GPU": 8.0}])
     # phases run one after the other: bon's pool and its scoring pools never add up
@@ -102,25 +105,23 @@ def test_placement_strategies():
 
 
 def test_groups_mirror_the_drivers():
-    groups = {g.name: g for g in actor_groups(gpu_recipe("ppo_personalized"), "train")}
+    groups = {g.name: g for g in declare(gpu_recipe("ppo_personalized"), "train")}
     assert {name: (len(g.bundles), g.bundles[0], g.placement_group, g.engine_gpus) for name, g in groups.items()} == {
         "train.learner": (4, {"CPU": 0.5, "GPU": 1.0}, "PACK", 0),
         "train.rollout workers": (2, {"CPU": 1.0, "GPU": 1.0}, "PACK", 1),
         "reward pool": (2, {"CPU": 4.0, "GPU": 2.0}, None, 2)}
-    assert {g.phase for g in groups.values()} == {"rl"}
-    phases = [g.phase for g in actor_groups(gpu_recipe("bon_sweep"), "bon")]
-    assert phases[0] == "pool" and phases[-1] == "score downstream" and len(set(phases)) == len(phases)
+    assert {g.phase for g in groups.values()} == {"train"}
     # a learner with device auto takes GPUs only where the cluster has them
-    cpu = actor_groups(load_recipe(ROOT / "recipes" / "grpo_tiny.yaml"), "train")[0]
-    assert "GPU" not in cpu.bundles[0]
-    gpu = actor_groups(load_recipe(ROOT / "recipes" / "grpo_tiny.yaml"), "train", cluster_gpus=8)[0]
-    assert gpu.bundles[0]["GPU"] == 1.0
-    sweep = actor_groups(load_recipe(ROOT / "recipes" / "ppo_personalized_vs_global.yaml"), "rl-sweep")
+    cpu = declare(load_recipe(ROOT / "recipes" / "grpo_tiny.yaml"), "train")[0]
+    assert "GPU" not in cpu.bundle
+    gpu = declare(load_recipe(ROOT / "recipes" / "grpo_tiny.yaml"), "train", cluster_gpus=8)[0]
+    assert gpu.bundle["GPU"] == 1.0
+    sweep = declare(load_recipe(ROOT / "recipes" / "ppo_personalized_vs_global.yaml"), "rl-sweep")
     arms = list(load_recipe(ROOT / "recipes" / "ppo_personalized_vs_global.yaml").rl_sweep.arms)
-    assert list(dict.fromkeys(g.phase for g in sweep)) == [f"arm {a}" for a in arms]   # one arm after the other
+    assert list(dict.fromkeys(g.phase for g in sweep)) == [f"rl-sweep arm {a}" for a in arms]   # one after the other
     assert f"rl_sweep.arms.{arms[0]} pool" in {g.name for g in sweep}
     with pytest.raises(ResourceError, match="no bon: section"):
-        actor_groups(load_recipe(ROOT / "recipes" / "grpo_tiny.yaml"), "bon")
+        check(load_recipe(ROOT / "recipes" / "grpo_tiny.yaml"), "bon")
 
 
 def test_vllm_executor_is_explicit_with_tensor_parallelism():

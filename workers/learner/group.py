@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pr_rlhf.actors import learner_group
 from pr_rlhf.configs.learner import LearnerConfig
 from pr_rlhf.rl.batches import collate, contiguous_shares, mini_batch_shares, reward_model_batch, scored_rows
 from workers.learner.worker import LearnerWorker
@@ -36,14 +37,11 @@ class LearnerGroup:
         self.config = config if isinstance(config, LearnerConfig) else LearnerConfig.model_validate(config)
         cfg = self.config
         self.world_size = cfg.world_size
-        use_gpu = cfg.device == "cuda" or (cfg.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
-        bundle = {"CPU": cfg.num_cpus_per_worker, **({"GPU": cfg.num_gpus_per_worker} if use_gpu else {}),
-                  **cfg.resources}
-        self._pg = reserve_bundles([dict(bundle) for _ in range(self.world_size)], cfg.placement_strategy,
-                                   "learner", ready_timeout_s)
+        group = learner_group(cfg, ray.cluster_resources().get("GPU", 0.0))   # the ranks as declared
+        self._pg = reserve_bundles(list(group.bundles), group.placement_group, "learner", ready_timeout_s)
         remote_cls = ray.remote(worker_cls)
-        options: dict[str, Any] = {"num_cpus": cfg.num_cpus_per_worker,
-                                   "num_gpus": cfg.num_gpus_per_worker if use_gpu else 0}
+        # the custom resources stay in the placement group's bundle: the ranks run inside it
+        options: dict[str, Any] = {"num_cpus": group.bundle["CPU"], "num_gpus": group.gpus}
         if runtime_env:
             options["runtime_env"] = runtime_env
         self.workers = [
