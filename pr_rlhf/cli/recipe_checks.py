@@ -24,7 +24,8 @@ def check(recipe: Path = typer.Argument(..., help="recipe YAML"), overrides: Opt
     console.print(f"[green]ok[/] {recipe}")
 
 
-def plan(recipe: Path = typer.Argument(..., help="recipe YAML (train:, rl_sweep:, pgenrm:, bon: or rm:)"),
+def plan(recipe: Path = typer.Argument(..., help="recipe YAML (train:, rl_sweep:, pgenrm:, bon:, rm:, leaderboard:, "
+                                                   "scaling: or serve:)"),
          nodes: int = typer.Option(..., "--nodes", help="GPU nodes (the head that runs the driver is extra)"),
          gpus_per_node: int = typer.Option(..., "--gpus-per-node"),
          gpu_mem_gb: float = typer.Option(..., "--gpu-mem-gb", help="memory of one GPU in GiB (an 80 GB H100: 80)"),
