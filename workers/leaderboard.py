@@ -155,7 +155,7 @@ class Leaderboard:
                     atomic_write_text(few_path, json.dumps(records))
             saved = json.loads(path.read_text())
             config = json.loads((folder / "models" / method / "config.json").read_text())
-            arms[method] = saved["outcomes"]
+            arms[method] = self._with_failures(method, saved, items)
             costs[method] = {"train_s": config.get("train_s", float("nan")), "score_s": saved["score_s"]}
         return arms, costs
 
@@ -187,9 +187,16 @@ class Leaderboard:
                     atomic_write_text(few_path, json.dumps(records))
                 self.log(f"{folder.name}: scored {name}")
             saved = json.loads(path.read_text())
-            arms[name] = saved["outcomes"]
+            arms[name] = self._with_failures(name, saved, main)
             costs[name] = {"score_s": saved["score_s"]}
         return arms
+
+    def _with_failures(self, row: str, saved: dict, items: list[Item]) -> dict[str, float]:
+        """A row's outcomes on every pair, a pair it failed to score as a coin flip (counted in the log and in the
+        row's arms file, ``errors``)."""
+        if saved.get("errors"):
+            self.log(f"{row}: {saved['errors']} of {len(items)} pairs unscored, counted as coin flips")
+        return table.with_coin_flips(saved["outcomes"], [it.pair_id for it in items])
 
     def _train(self, where: str, folder: Path, methods: list[str], training: Callable[[], list]) -> None:
         import ray

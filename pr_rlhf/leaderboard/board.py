@@ -10,7 +10,7 @@ and I^2.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +163,11 @@ def plot(board: Mapping[str, Any], path: str | Path, labels: Mapping[str, str] |
 COIN_FLIP = 0.5   # a pair the model could not score: neither response preferred
 
 
+def with_coin_flips(scored: Mapping[str, float], pairs: Iterable[str]) -> dict[str, float]:
+    """Every pair of ``pairs``: its outcome where the model scored it, else a coin flip."""
+    return {p: float(scored.get(p, COIN_FLIP)) for p in pairs}
+
+
 def few_shot_record(world: int, method: str, k: int, users_of: Mapping[str, str], scored: Mapping[str, float], *,
                     n_bootstrap: int, seed: int) -> dict[str, Any]:
     """One (method, k) cell of one world: every pair of the set (``users_of``: pair -> user), a pair missing from
@@ -173,7 +178,7 @@ def few_shot_record(world: int, method: str, k: int, users_of: Mapping[str, str]
     stray = sorted(set(scored) - set(users_of))
     if stray:
         raise ValueError(f"world {world}, {method} k={k}: scored pairs not in the set: {stray[:3]}")
-    outcomes = {p: float(scored.get(p, COIN_FLIP)) for p in users_of}
+    outcomes = with_coin_flips(scored, users_of)
     values = np.array(list(outcomes.values()))
     low, high = mean_ci(values, n_bootstrap=n_bootstrap, seed=seed, clusters=list(users_of.values()))
     return {"world": world, "method": method, "k": k, "accuracy": float(values.mean()), "ci_low": low,

@@ -31,3 +31,9 @@ def test_an_unscored_pair_counts_as_a_coin_flip_and_is_counted():
 def test_a_pair_outside_the_set_is_refused():
     with pytest.raises(ValueError, match="p900"):
         few_shot_record(0, "genrm", 1, _users(8), {"p900": 1.0}, n_bootstrap=50, seed=0)
+
+
+def test_every_pair_of_a_set_gets_an_outcome():
+    from pr_rlhf.leaderboard.board import with_coin_flips
+
+    assert with_coin_flips({"a": 1.0, "c": 0.0}, ["a", "b", "c"]) == {"a": 1.0, "b": 0.5, "c": 0.0}
