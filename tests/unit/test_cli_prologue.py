@@ -165,3 +165,10 @@ def test_the_quickstart_places_its_stages_under_any_folder_name(folder):
 
     recipe = quickstart_recipe(ROOT / "recipes/quickstart.yaml", Path(folder), [])
     assert recipe.data.out == str(Path(folder) / "data") and recipe.eval.out == str(Path(folder) / "eval")
+
+
+def test_headroom_refuses_real_data_by_name():
+    """The headroom check compares the teacher with the Bayes oracle of a synthetic world; real data has none."""
+    result = CliRunner().invoke(cli.app, ["headroom", str(ROOT / "recipes/pgenrm_real.yaml")])
+    assert result.exit_code == 2, result.output
+    assert "headroom needs the synthetic world" in result.output and "psi.source" in result.output
