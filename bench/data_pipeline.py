@@ -127,20 +127,20 @@ def load_records(source: str, users: int) -> tuple[SourceOutput, object | None]:
     """The records to build and retrieve on, plus the WorldConfig when they come from the world."""
     if source == "world":
         from data_pipelines.build import load_source
-        from pr_rlhf.configs.recipe import DataConfig
+        from pr_rlhf.configs.recipe import data_config
 
         world = world_config(users)
-        return load_source(DataConfig(source="synthetic"), world), world
+        return load_source(data_config(source="synthetic"), world), world
     return prb_like(users), None
 
 
 def build(source: str, users: int, world: object | None, out_dir: Path) -> tuple[int, float]:
     """Run the whole shard build (load -> MiniLM retrieval -> shards); returns (records written, seconds)."""
     from data_pipelines.build import attach_retrieval, build_shards
-    from pr_rlhf.configs.recipe import DataConfig
+    from pr_rlhf.configs.recipe import data_config
     from pr_rlhf.shards import write_shards
 
-    data = DataConfig(source="synthetic", out=str(out_dir))
+    data = data_config(source="synthetic", out=str(out_dir))
     start = time.perf_counter()
     if source == "world":
         report = build_shards(data, world)

@@ -122,7 +122,7 @@ def fit_prompt(tokenizer, messages: list, target: int) -> str | None:
 def prepare(workdir: Path, steps_total: int, sizes: list[str]) -> dict:
     """Shards of the synthetic world, both models (cached), and the step-ordered list of 64-token prompts."""
     from data_pipelines.build import build_shards
-    from pr_rlhf.configs.recipe import DataConfig
+    from pr_rlhf.configs.recipe import data_config
     from pr_rlhf.configs.rl import RLConfig
     from pr_rlhf.configs.world import WorldConfig
     from pr_rlhf.models.prompting import load_tokenizer
@@ -130,7 +130,7 @@ def prepare(workdir: Path, steps_total: int, sizes: list[str]) -> dict:
     from pr_rlhf.rl.prompts import load_prompts
 
     shards = workdir / "shards"
-    build_shards(DataConfig(source="synthetic", out=str(shards), retrieval={"embedder": "bm25"}),
+    build_shards(data_config(source="synthetic", out=str(shards), retrieval={"embedder": "bm25"}),
                  WorldConfig(**WORLD))
     dirs = {size: resolve_model(model_spec(size)) for size in sizes}
     tokenizer = load_tokenizer(dirs[sizes[0]])

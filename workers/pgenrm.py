@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from pr_rlhf.actors import ActorGroup, cpus_needed, pgenrm_groups
 from pr_rlhf.configs.base import engine_config
 from pr_rlhf.configs.pgenrm import GRPO_STAGES, STAGE_PARENT, GRPOStageConfig, PGenRMConfig, SFTStageConfig
 from pr_rlhf.configs.recipe import EvalConfig, GenerationConfig, Recipe, TrackingConfig, dump_recipe
@@ -28,8 +29,9 @@ from pr_rlhf.models.prompting import load_tokenizer
 from pr_rlhf.models.sources import resolve_model
 from pr_rlhf.pgenrm.curriculum import hard_share_at, step_prompts
 from pr_rlhf.pgenrm.headroom import HeadroomGateError
+from pr_rlhf.pgenrm.open_source import open_source
 from pr_rlhf.pgenrm.psi_data import PSIExample
-from pr_rlhf.pgenrm.sources import PGenRMSource, open_source
+from pr_rlhf.pgenrm.sources import PGenRMSource
 from pr_rlhf.rl.prompts import batch_at, sft_example
 from pr_rlhf.stats import mean_ci
 from pr_rlhf.threads import capped_threads, set_torch_threads
@@ -194,11 +196,15 @@ class PGenRMPipeline:
         if self.data.headroom is not None:
             self.data.headroom.check_gate(stage)
 
+    def _group(self, phase: str) -> ActorGroup:
+        """The declared group (``pr_rlhf.actors.pgenrm_groups``) of one of this pipeline's task phases."""
+        return next(g for g in pgenrm_groups(self.cfg, 0.0) if g.phase == phase)
+
     def model_headroom(self, model_dir: str) -> dict:
         """The model part of the headroom check on seen-user held-out prompts (a Ray task)."""
         import ray
 
-        task = ray.remote(num_cpus=1)(_run_model_headroom)
+        task = ray.remote(**self._group("pgenrm headroom").options())(_run_model_headroom)
         return ray.get(task.remote(model_dir, self.recipe.model_dump_json(), self.cfg.torch_threads))
 
     def run_stage(self, stage: str) -> dict:
@@ -260,7 +266,7 @@ class PGenRMPipeline:
         evaluations side by side on a small machine oversubscribe its cores (docs/measurements.md)."""
         import ray
 
-        task = ray.remote(**self.cfg.eval_resources())(_run_eval_json)
+        task = ray.remote(**self._group("pgenrm evaluation").options())(_run_eval_json)
         out = {}
         for group in ("cold", "seen"):
             res = ray.get(task.remote(self.eval_recipe(stage, model_dir, group).model_dump_json(),
@@ -347,7 +353,7 @@ class PGenRMPipeline:
         held = planner_examples(self.cfg.shards, ("val", "test"), cfg.top_k)
         keep = np.sort(np.random.default_rng(self.recipe.seed).permutation(len(held))[:cfg.eval_queries])
         held = [held[i] for i in keep]
-        task = ray.remote(num_cpus=1)(_run_planner_eval)
+        task = ray.remote(**self._group("pgenrm planner evaluation").options())(_run_planner_eval)
         return {name: ray.get(task.remote(path, [e.input for e in held], [e.aspects for e in held], cfg.top_k,
                                           cfg.max_tokens, self.cfg.torch_threads, self.recipe.seed))
                 for name, path in model_dirs.items()}   # one after the other (see evaluate)
@@ -464,10 +470,10 @@ class PGenRMPipeline:
         rl_cfg = RLConfig(algorithm="grpo", advantage=scfg.advantage, group_size=scfg.group_size,
                           temperature=scfg.temperature, max_tokens=scfg.max_tokens, learner=learner.config)
         engine = self.cfg.rollout.model_copy(update={"model": start, "seed": self.recipe.seed})
-        rollouts = [spawn_rollout_worker(engine, num_cpus=self.cfg.rollout_num_cpus,
-                                         num_gpus=self.cfg.rollout_num_gpus,
+        group = next(g for g in pgenrm_groups(self.cfg, 0.0) if g.role == "rollout")
+        rollouts = [spawn_rollout_worker(engine, **group.options(),
                                          env={"OMP_NUM_THREADS": str(capped_threads(self.cfg.torch_threads))})
-                    for _ in range(self.cfg.rollout_workers)]
+                    for _ in range(group.count)]
         rewards = lambda prompts, gens: self.step_rewards(prompts, gens, scfg, start)   # noqa: E731
         try:
             first, history = self._restore(sdir, learner)
@@ -525,7 +531,8 @@ def run_pgenrm(recipe: Recipe, stages: list[str] | None = None, address: str | N
     cfg = recipe.pgenrm
     if cfg is None:
         raise ValueError("the recipe has no pgenrm: section")
-    start_driver(address, 3, shards=cfg.shards, world=cfg.shards_world(), log=log)
+    start_driver(address, max(3, cpus_needed(pgenrm_groups(cfg, 0.0))), shards=cfg.shards, world=cfg.shards_world(),
+                 log=log)
     check_resources(recipe, "pgenrm", log=log)
     results = PGenRMPipeline(recipe, on_step=on_step, on_event=on_event).run(stages)
     if not collect(cfg.out, recipe.seed):

@@ -95,9 +95,10 @@ def run_grid(cfg_json: str, seed: int, threads: int) -> dict[str, Any]:
     from tqdm import tqdm
 
     from pr_rlhf.configs.base import engine_config
+    from pr_rlhf.eval.groups import EVAL_GROUPS
     from pr_rlhf.models import make_engine
     from pr_rlhf.models.embedders import make_embedder
-    from pr_rlhf.scaling.grid import GROUPS, grid_rows, group_inputs, pair_records
+    from pr_rlhf.scaling.grid import grid_rows, group_inputs, pair_records
     from pr_rlhf.scaling.scorer import ScaledJudge, failure_counts
 
     set_torch_threads(threads)
@@ -119,7 +120,7 @@ def run_grid(cfg_json: str, seed: int, threads: int) -> dict[str, Any]:
     judge = ScaledJudge(engine, cfg.scaling.model_copy(update={"m": big_m, "n": big_n}), seed=seed,
                         index=index, embedder=embedder, histories=histories, profiles=profiles)
     rows, failures, seconds, pairs = [], {}, {}, {}
-    for group in GROUPS:
+    for group in EVAL_GROUPS:
         inputs = group_inputs(cfg, group, seed)
         t0 = time.perf_counter()
         evidence = []

@@ -58,6 +58,9 @@ def headroom(recipe: Path = typer.Argument(..., help="recipe YAML with a pgenrm:
     from pr_rlhf.world.generator import build_world
 
     cfg = resolved.pgenrm
+    if cfg.shards_world() is None:
+        fail(f"{recipe}: headroom needs the synthetic world (pgenrm.psi.source: world); real data "
+             f"(psi.source: {cfg.psi.source}) has no Bayes oracle to compare the teacher with")
     world = build_world(cfg.world)
     offline = pipeline_headroom(cfg, resolved.seed, world)
     run_dir = Path(cfg.out)

@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from pr_rlhf.eval.groups import EVAL_GROUPS
 from pr_rlhf.eval.worlds import Endpoint, WorldOutcomes, analyse
 
-GROUPS = ("seen", "cold")
+GROUPS = tuple(EVAL_GROUPS)   # the held-out groups, in report order
 ZERO = "_zero"   # a row of zeros: a row's accuracy is its difference from it
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar, Literal, Protocol
 
-from pr_rlhf.configs.pgenrm import GRPOStageConfig, PGenRMBase
+from pr_rlhf.configs.pgenrm import GRPOStageConfig
 from pr_rlhf.pgenrm.cre_reward import CREReward
 from pr_rlhf.pgenrm.psi_data import PSIExample
 
@@ -90,12 +90,3 @@ class PGenRMSource(ABC):
 
     def end_stage(self, stage_dir: Path) -> None:
         """A GRPO stage ended (finished, stopped or failed): record and release what its rewards held."""
-
-
-def open_source(cfg: PGenRMBase, seed: int, out: Path, on_event: Log) -> PGenRMSource:
-    """The source the config's member names (psi.source)."""
-    from pr_rlhf.pgenrm.real_source import RealSource
-    from pr_rlhf.pgenrm.world_source import WorldSource
-
-    sources: dict[str, Callable[..., PGenRMSource]] = {"world": WorldSource, "teacher": RealSource}
-    return sources[cfg.psi.source](cfg, seed, out, on_event)

@@ -63,10 +63,10 @@ class WorldSource(PGenRMSource):
         if not (self.out / REFERENCES_FILE).is_file():
             refs = world_references(self.world, self.cfg.history_size)
             (self.out / REFERENCES_FILE).write_text(json.dumps(refs, indent=1))
-        verdict = self.headroom.offline()["gate"]["verdict"]
+        gate = self.headroom.offline()["gate"]
         if not (self.out / CONTESTED_FILE).is_file():
             (self.out / CONTESTED_FILE).write_text(json.dumps(self.contested_pairs()))
-        self.on_event(f"headroom ({self.cfg.psi.teacher} teacher): {verdict}")
+        self.on_event(headroom_line(gate, self.cfg.psi.teacher, self.cfg.stages))
 
     def psi_examples(self, stage_dir: Path) -> list[PSIExample]:
         return self.examples(keep_incorrect=not self.cfg.psi.label_filter)
@@ -124,3 +124,14 @@ class WorldHeadroom:
             raise HeadroomGateError(f"stage {stage!r}: {verdict['verdict']} ({self.source.out / HEADROOM_FILE}; "
                                     f"set pgenrm.headroom.gate: warn to run it anyway)")
         self.source.on_event(f"{stage}: runs although the headroom check says {verdict['verdict']}")
+
+
+def headroom_line(gate: dict, teacher: str, stages: Sequence[str]) -> str:
+    """The headroom check's verdict as the run's log says it: it gates the GRPO stages, so for a run without any
+    (SFT only, the quickstart's) a "no go" says what RL would find here, not that this run failed."""
+    grpo = [s for s in stages if s in GRPO_STAGES]
+    if gate["go"] or grpo:
+        return f"headroom check for GRPO ({teacher} teacher): {gate['verdict']}"
+    return (f"headroom check for GRPO ({teacher} teacher): little for RL to find beyond the teacher in this world "
+            f"({'; '.join(gate['failed'])}); this run's stages ({', '.join(stages)}) are SFT only, so it gates "
+            "nothing here")

@@ -23,8 +23,6 @@ from pr_rlhf.stats import mean_ci, paired_difference_ci
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-GROUPS = EVAL_GROUPS   # the held-out groups the grid reports, in report order (workers/scaling.py loops over them)
-
 
 def group_inputs(cfg: ScalingEvalConfig, group: str, seed: int) -> list[RMInput]:
     """The group's evaluated pairs with the group's history length (the eval's own loader and seeded sample)."""

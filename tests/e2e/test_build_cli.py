@@ -11,7 +11,7 @@ import pytest
 from data_pipelines import personal_rewardbench, prb
 from data_pipelines.build import build_shards
 from data_pipelines.synthetic import export_personal_rewardbench, export_prb
-from pr_rlhf.configs.recipe import DataConfig
+from pr_rlhf.configs.recipe import data_config
 from pr_rlhf.configs.world import WorldConfig
 from pr_rlhf.shards import ShardReader
 from pr_rlhf.world.generator import build_world
@@ -29,7 +29,7 @@ def run_cli(*args: str, hang_timeout_s: float = 500) -> subprocess.CompletedProc
 
 def test_synthetic_build_is_deterministic_and_retrieves_own_items(tmp_path):
     world = WorldConfig(users=10, cold_start_users=3, reference_samples=500)
-    manifests = [build_shards(DataConfig(source="synthetic", out=str(tmp_path / n)), world).manifest
+    manifests = [build_shards(data_config(source="synthetic", out=str(tmp_path / n)), world).manifest
                  for n in ("a", "b")]
     assert [f["sha256"] for f in manifests[0]["files"]] == [f["sha256"] for f in manifests[1]["files"]]
     assert (tmp_path / "a/manifest.json").read_bytes() == (tmp_path / "b/manifest.json").read_bytes()
@@ -39,7 +39,7 @@ def test_synthetic_build_is_deterministic_and_retrieves_own_items(tmp_path):
     assert pairs and all(len(p["retrieved"]) == min(10, len(profiles[p["user_id"]])) for p in pairs)
     for p in pairs:  # every retrieved item is the user's own item, with its own text
         assert all(profiles[p["user_id"]][it["id"]] == it["text"] for it in p["retrieved"])
-    other = build_shards(DataConfig(source="synthetic", out=str(tmp_path / "c")), world.model_copy(update={"seed": 1}))
+    other = build_shards(data_config(source="synthetic", out=str(tmp_path / "c")), world.model_copy(update={"seed": 1}))
     assert other.manifest["files"][0]["sha256"] != manifests[0]["files"][0]["sha256"]
     assert manifests[0]["summary"]["reference"]["oracle"]["n"] > 0
 

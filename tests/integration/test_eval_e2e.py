@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from data_pipelines.build import build_shards
-from pr_rlhf.configs.recipe import DataConfig, load_recipe
+from pr_rlhf.configs.recipe import data_config, load_recipe
 from pr_rlhf.configs.world import WorldConfig
 from pr_rlhf.eval.runner import EvalError, run_eval
 from tests.fixtures_raw import PAIR_SCHEMA, pair_row, prb_row, write_parquet, write_prb
@@ -23,7 +23,7 @@ FAST = ["eval.generation.max_tokens=8", "eval.n_bootstrap=50", "eval.judge.max_m
 def synthetic_shards(tmp_path_factory):
     out = tmp_path_factory.mktemp("world") / "shards"
     world = WorldConfig(users=12, cold_start_users=2, reference_samples=300)
-    data = DataConfig(source="synthetic", out=str(out))
+    data = data_config(source="synthetic", out=str(out))
     data.retrieval.embedder = "bm25"
     build_shards(data, world)
     return out
@@ -104,7 +104,7 @@ def test_real_schema_fixtures(tmp_path):
     raw = write_prb(tmp_path / "prb", {"Art_and_Entertainment": [prb_row(f"a{i}") for i in range(4)],
                                        "Society_and_Culture": [prb_row(f"s{i}", category="books") for i in range(3)]})
     prb_shards = tmp_path / "prb_shards"
-    build_shards(DataConfig(source="prb", input=str(raw), out=str(prb_shards),
+    build_shards(data_config(source="prb", input=str(raw), out=str(prb_shards),
                             retrieval={"embedder": "bm25", "top_k": 3}))
     recipe = _recipe(prb_shards, tmp_path / "prb_run", "eval.max_pairs=10")
     result = run_eval(recipe)
@@ -116,7 +116,7 @@ def test_real_schema_fixtures(tmp_path):
             for k, split in enumerate(["train", "train", "train", "test", "test"])]
     write_parquet(tmp_path / "prism" / "prism.parquet", rows, PAIR_SCHEMA)
     prism_shards = tmp_path / "prism_shards"
-    build_shards(DataConfig(source="personal_rewardbench", input=str(tmp_path / "prism"), out=str(prism_shards),
+    build_shards(data_config(source="personal_rewardbench", input=str(tmp_path / "prism"), out=str(prism_shards),
                             options={"variant": "prism"}))
     recipe = _recipe(prism_shards, tmp_path / "prism_run", "eval.inputs=[none]", "eval.pairwise_format=sec")
     assert run_eval(recipe).n_pairs == 6

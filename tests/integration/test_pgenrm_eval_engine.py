@@ -38,14 +38,14 @@ def test_rollout_engine_evaluates_like_the_hf_engine(tmp_path, ray_cluster):  # 
 
 
 def test_rollout_engine_needs_a_local_backend():
-    from pr_rlhf.configs.pgenrm import PGenRMConfig
+    from pr_rlhf.configs.pgenrm import pgenrm_config
 
     with pytest.raises(ValueError, match="eval.engine 'rollout'"):
-        PGenRMConfig(eval={"engine": "rollout"}, rollout={"backend": "openai", "model": "m"})
-    cfg = PGenRMConfig(eval={"engine": "rollout"}, rollout={"backend": "vllm", "model": "m", "device": "cuda",
+        pgenrm_config(eval={"engine": "rollout"}, rollout={"backend": "openai", "model": "m"})
+    cfg = pgenrm_config(eval={"engine": "rollout"}, rollout={"backend": "vllm", "model": "m", "device": "cuda",
                                                             "tensor_parallel_size": 2}, rollout_num_gpus=2)
     engine, resources = cfg.eval_engine("/ckpt/psi"), cfg.eval_resources()
     assert (engine.model, engine.device, engine.tensor_parallel_size) == ("/ckpt/psi", "cuda", 2)
     assert resources == {"num_cpus": 1.0, "num_gpus": 2}
-    engine, resources = PGenRMConfig().eval_engine("/ckpt/psi"), PGenRMConfig().eval_resources()
+    engine, resources = pgenrm_config().eval_engine("/ckpt/psi"), pgenrm_config().eval_resources()
     assert engine.backend == "hf" and resources == {"num_cpus": 1}

@@ -92,12 +92,12 @@ def test_a_typo_is_not_dropped_by_the_switch():
 
 def test_unions_inside_dicts_options_and_defaults():
     # a dict of unions (bon.reward_models), the default member of a section without its key, an optional union
-    # (eval.planner), a union beside a literal (pgenrm.psi.teacher)
+    # (eval.planner), the real-data member's teacher engine (pgenrm.psi.teacher)
     bon = load_recipe(RECIPES / "bon_sweep.yaml", ["bon.reward_models.pgenrm_full.kind=scalar"]).bon
     assert isinstance(bon.reward_models["pgenrm_full"], ScalarRewardConfig)
     assert isinstance(bon.reward_models["pgenrm_psi"], GenRMRewardConfig)
     tree = {"eval": {"judge": {"model": "m", "device": "cuda"}, "planner": {"model": "p", "device": "cuda"}},
-            "pgenrm": {"psi": {"teacher": {"model": "t", "device": "cuda"}}}}
+            "pgenrm": {"psi": {"source": "teacher", "teacher": {"model": "t", "device": "cuda"}}}}
     for section in ("eval.judge", "eval.planner", "pgenrm.psi.teacher"):
         apply_override(tree, f"{section}.backend=openai")
     assert tree["eval"] == {"judge": {"model": "m", "backend": "openai"},

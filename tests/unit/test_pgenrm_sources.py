@@ -34,8 +34,9 @@ from pr_rlhf.configs.recipe import (
 from pr_rlhf.models.base import Generation, Sample
 from pr_rlhf.models.generation_cache import CachedEngine
 from pr_rlhf.pgenrm.headroom import HeadroomGateError
+from pr_rlhf.pgenrm.open_source import open_source
 from pr_rlhf.pgenrm.real_source import RealSource
-from pr_rlhf.pgenrm.sources import PROMPTS_FILE, open_source
+from pr_rlhf.pgenrm.sources import PROMPTS_FILE
 from pr_rlhf.pgenrm.world_source import WorldSource
 from pr_rlhf.reward.sec import SEC, Criterion, CriterionScore, format_sec
 from tests import fixtures_raw as fx
@@ -167,7 +168,7 @@ def test_the_world_source_reads_the_world(world_source, tmp_path):
     out = world_source.out
     assert json.loads((out / "contested.json").read_text()) == contested
     assert set(json.loads((out / "references.json").read_text())) == {"seen", "cold"}
-    assert world_source.events[-1].startswith("headroom (recent_pair teacher): ")
+    assert world_source.events[-1].startswith("headroom check for GRPO (recent_pair teacher): ")
     assert world_source.headroom.offline()["gate"]["go"]               # the beatable teacher leaves room
     world_source.headroom.check_gate("cre")
 
@@ -309,3 +310,15 @@ def test_switching_the_data_source_keeps_the_shared_fields():
     data = Recipe.model_validate(tree).data
     assert data.options.survey == "s.jsonl" and data.out == "data/x" and data.retrieval.top_k == 5
     assert data.input is None and data.options.cold_start_max_train == 1
+
+
+def test_the_headroom_line_of_an_sft_only_run_is_not_a_failure():
+    """The gate's "no go" reads as an error in a run that has no GRPO stage to gate (the quickstart's brief PSI)."""
+    from pr_rlhf.pgenrm.world_source import headroom_line
+
+    no_go = {"go": False, "failed": ["the best rule beats the teacher by +1.0 points overall (needs >= 3)"],
+             "verdict": "no go: change the setting first (the best rule beats the teacher by +1.0 points overall)"}
+    sft_only = headroom_line(no_go, "votes", ["base", "psi"])
+    assert "no go" not in sft_only and "SFT only" in sft_only and "+1.0 points" in sft_only
+    assert headroom_line(no_go, "votes", ["psi", "cre"]).endswith(no_go["verdict"])
+    assert "go: the best" in headroom_line({"go": True, "failed": [], "verdict": "go: the best rule"}, "votes", ["psi"])

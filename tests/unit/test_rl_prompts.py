@@ -14,10 +14,10 @@ from pr_rlhf.rl.prompts import batch_at, load_prompts, load_warmup_answers, prom
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     from data_pipelines.build import build_shards
-    from pr_rlhf.configs.recipe import DataConfig
+    from pr_rlhf.configs.recipe import data_config
 
     out = tmp_path_factory.mktemp("rl_prompts") / "shards"
-    build_shards(DataConfig(source="synthetic", out=str(out), retrieval={"embedder": "bm25"}),
+    build_shards(data_config(source="synthetic", out=str(out), retrieval={"embedder": "bm25"}),
                  WorldConfig(users=6, cold_start_users=2, reference_samples=200))
     return out
 
@@ -66,12 +66,12 @@ def test_warmup_answers_are_both_answers_of_each_training_pair(shards):
 
 def test_rubric_warmup_answers_do_what_the_shown_aspects_ask(tmp_path):
     from data_pipelines.build import build_shards
-    from pr_rlhf.configs.recipe import DataConfig
+    from pr_rlhf.configs.recipe import data_config
     from pr_rlhf.shards import ShardReader
     from pr_rlhf.world.attributes import detect
 
     out = tmp_path / "compact"
-    build_shards(DataConfig(source="synthetic", out=str(out), retrieval={"embedder": "bm25"}),
+    build_shards(data_config(source="synthetic", out=str(out), retrieval={"embedder": "bm25"}),
                  WorldConfig(rendering="compact", users=6, cold_start_users=2, reference_samples=200))
     cfg = RLConfig(warmup_sft_target="rubric", data={"shards": str(out), "plan": "rubrics"})
     answers = load_warmup_answers(cfg)
@@ -103,10 +103,10 @@ def test_rubric_warmup_answers_do_what_the_shown_aspects_ask(tmp_path):
 
 def shards_varied(tmp_path):
     from data_pipelines.build import build_shards
-    from pr_rlhf.configs.recipe import DataConfig
+    from pr_rlhf.configs.recipe import data_config
 
     out = tmp_path / "varied"
-    build_shards(DataConfig(source="synthetic", out=str(out), retrieval={"embedder": "bm25"}),
+    build_shards(data_config(source="synthetic", out=str(out), retrieval={"embedder": "bm25"}),
                  WorldConfig(users=3, cold_start_users=1, reference_samples=100))
     return out
 
