@@ -69,7 +69,8 @@ def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
     assert seen["pal"] > seen["bt_embedding"], seen   # personalization shows even in 150 steps
     assert (out / "development.json").is_file() and json.loads((out / "development.json").read_text())["worlds"] == [7]
     curve = json.loads((out / "few_shot.json").read_text())["curve"]
-    assert {(c["method"], c["k"]) for c in curve} == {(m, k) for m in METHODS for k in (0, 2)}
+    # every row of the table reads the few-shot sets: the trained methods and the recipe's other models
+    assert {(c["method"], c["k"]) for c in curve} == {(m, k) for m in [*METHODS, "prior_rm"] for k in (0, 2)}
     # the curve through the running service (feedback stored, then /score reading it) agrees pair for pair
     service = json.loads((out / "few_shot_service.json").read_text())
     assert [(r["method"], r["k"]) for r in service] == [("pal", 0), ("pal", 2)]
