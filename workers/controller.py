@@ -3,7 +3,9 @@
 It drives three worker groups on Ray: rollout workers (an hf or vLLM engine each), a reward pool (personalized
 rewards, sticky per user), and the learner group (FSDP2 ranks holding policy, reference and, for PPO, critic).
 A run is reproducible from its recipe and seed: prompt order, sampling seeds, the reward and the learner's RNG are
-all derived from them, and a checkpoint stores everything needed to continue exactly where a killed run stopped.
+all derived from them, and a checkpoint stores everything needed to continue exactly where a killed run stopped
+(with `train.rollout_mode: one_step_off` the batch in flight is not saved: the first step after a resume draws its
+samples with the restored weights).
 """
 from __future__ import annotations
 
@@ -25,7 +27,15 @@ from pr_rlhf.rl.prompts import PromptItem, batch_at, load_prompts, load_warmup_a
 from pr_rlhf.shards import ShardReader
 from pr_rlhf.stats import mean_ci, paired_difference_ci
 from pr_rlhf.tracking import make_tracker
-from workers.rl_loop import generate_sharded, read_checkpoint, rl_step, sft_steps, sync_weights, write_checkpoint
+from workers.rl_loop import (
+    OneStepOff,
+    generate_sharded,
+    read_checkpoint,
+    rl_step,
+    sft_steps,
+    sync_weights,
+    write_checkpoint,
+)
 
 PER_PROMPT = "heldout_reward_per_prompt"   # an evaluation's mean reward per held-out prompt (same prompts each time)
 PER_PROMPT_DOWNSTREAM = "heldout_downstream_per_prompt"   # the same for the downstream scorer (train.downstream)
@@ -91,6 +101,7 @@ class RLController:
         self.reward_pool: Any = None
         self.downstream_pool: Any = None
         self.rollouts: list = []
+        self.pipeline: OneStepOff | None = None   # train.rollout_mode one_step_off
         self._rollout_pg: Any = None
         self.placement: dict = {}
 
@@ -118,6 +129,8 @@ class RLController:
                                                   placement_group=self._rollout_pg,
                                                   placement_group_bundle_index=i))
                          for i in range(rollout.count)]
+        if cfg.rollout_mode == "one_step_off":
+            self.pipeline = OneStepOff(self.rollouts, version=-1)   # the engines' weights are not the learner's yet
         self.reward_pool = RewardPool(self.reward_config())
         if cfg.downstream is not None:
             self.downstream_pool = RewardPool(self.reward_config(cfg.downstream))
@@ -150,12 +163,15 @@ class RLController:
             ray.kill(w)
         release_bundles(self._rollout_pg)
         self.learner, self.reward_pool, self.downstream_pool = None, None, None
-        self.rollouts, self._rollout_pg = [], None
+        self.rollouts, self._rollout_pg, self.pipeline = [], None, None
         self._workers_started = False
 
     # ------------------------------------------------------------------------------------------ phases
     def _sync_weights(self, version: int) -> None:
-        sync_weights(self.learner, self.rollouts, version)
+        if self.pipeline is not None:
+            self.pipeline.sync(self.learner, version)   # after the generation in flight, if any
+        else:
+            sync_weights(self.learner, self.rollouts, version)
 
     def _score(self, items: list[PromptItem], gens: list[Generation], tag: str,
                pool: Any = None) -> tuple[np.ndarray, int]:
@@ -199,6 +215,8 @@ class RLController:
     def evaluate(self, step: int) -> dict:
         """Mean reward of sampled answers to held-out users' prompts (seeded: comparable across steps)."""
         items = self.heldout_prompts
+        if self.pipeline is not None:   # one step off, the engines are an update behind the learner's weights
+            self._sync_weights(step)
         params = SamplingParams(n=self.cfg.eval_samples, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                                 max_tokens=self.cfg.max_tokens, seed=self.recipe.seed + 7_777)
         gens = generate_sharded(self.rollouts, [p.messages for p in items], params)
@@ -224,8 +242,13 @@ class RLController:
     def train_step(self, step: int) -> dict:
         cfg = self.cfg
         items = batch_at(self.train_prompts, step * cfg.prompts_per_step, cfg.prompts_per_step, self.recipe.seed)
+        following = None
+        if self.pipeline is not None and step + 1 < cfg.steps:
+            following = batch_at(self.train_prompts, (step + 1) * cfg.prompts_per_step, cfg.prompts_per_step,
+                                 self.recipe.seed)
         return rl_step(self.learner, self.rollouts, cfg, items,
-                       lambda prompts, gens: self._pool_rewards(prompts, gens, f"train{step}"), step, self.recipe.seed)
+                       lambda prompts, gens: self._pool_rewards(prompts, gens, f"train{step}"), step, self.recipe.seed,
+                       pipeline=self.pipeline, next_prompts=following)
 
     def warm_start(self) -> dict:
         """Supervised next-token training on the shards' answers before RL (both answers of each training pair,

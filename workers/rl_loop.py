@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pr_rlhf.algos import ADVANTAGE_ESTIMATORS, apply_kl_to_rewards, kl_penalty
+from pr_rlhf.algos import ADVANTAGE_ESTIMATORS, apply_kl_to_rewards, behaviour_weights, kl_penalty
 from pr_rlhf.configs.rl import RLConfig
 from pr_rlhf.files import atomic_write_text, is_complete, mark_complete
 from pr_rlhf.models.base import Generation, SamplingParams
@@ -52,16 +52,24 @@ class Timer:
 # Rollout workers
 # ---------------------------------------------------------------------------------------------------------------
 
-def generate_sharded(rollouts: list, messages: list, params: SamplingParams) -> list[Generation]:
-    """Prompts sharded over the rollout workers; results back in prompt order."""
+def launch_generation(rollouts: list, messages: list, params: SamplingParams) -> list:
+    """Prompts sharded over the rollout workers; the workers' futures, in prompt order (:func:`collect_generation`)."""
+    shards = np.array_split(np.arange(len(messages)), len(rollouts))
+    return [w.generate.remote([messages[i] for i in idx], params) for w, idx in zip(rollouts, shards) if len(idx)]
+
+
+def collect_generation(futures: list) -> list[Generation]:
     import ray
 
-    shards = np.array_split(np.arange(len(messages)), len(rollouts))
-    futures = [w.generate.remote([messages[i] for i in idx], params) for w, idx in zip(rollouts, shards) if len(idx)]
     out: list = []
     for part in ray.get(futures):
         out.extend(part)
     return out
+
+
+def generate_sharded(rollouts: list, messages: list, params: SamplingParams) -> list[Generation]:
+    """Prompts sharded over the rollout workers; results back in prompt order."""
+    return collect_generation(launch_generation(rollouts, messages, params))
 
 
 def sync_weights(learner: Any, rollouts: list, version: int) -> None:
@@ -70,15 +78,61 @@ def sync_weights(learner: Any, rollouts: list, version: int) -> None:
     learner.push_weights(rollouts, version)
 
 
+class OneStepOff:
+    """One-step-off asynchronous rollout for the split layout (``train.rollout_mode: one_step_off``): while the
+    learner trains on step t's samples, the engines already generate step t+1's with the weights of step t (one
+    update old); at step t+1 the driver takes them, brings the engines to the learner's weights while they are
+    idle, and launches step t+2's generation before it scores and updates. The samples keep the engines'
+    log-probs and the version of the weights that drew them (the staleness the loss corrects for)."""
+
+    def __init__(self, rollouts: list, version: int) -> None:
+        self.rollouts = rollouts
+        self.version = version                              # the weights the engines hold
+        self._pending: tuple[int, list, int] | None = None  # (step, futures, weights version)
+
+    def launch(self, step: int, messages: list, params: SamplingParams) -> None:
+        self._pending = (step, launch_generation(self.rollouts, messages, params), self.version)
+
+    def take(self, step: int, messages: list, params: SamplingParams) -> tuple[list[Generation], int]:
+        """Step ``step``'s generations and the weights version that drew them: those launched for it, else (the
+        first step, or the first after a resume) generated now with the engines' weights."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == step:
+            return collect_generation(pending[1]), pending[2]
+        self._settle(pending)
+        return generate_sharded(self.rollouts, messages, params), self.version
+
+    def sync(self, learner: Any, version: int) -> None:
+        """The learner's weights (``version``) into the engines, once a generation in flight has finished (an
+        engine takes a weight update between requests, never in the middle of one)."""
+        if version == self.version:
+            return
+        self._settle(self._pending)
+        sync_weights(learner, self.rollouts, version)
+        self.version = version
+
+    @staticmethod
+    def _settle(pending: tuple[int, list, int] | None) -> None:
+        if pending is not None:
+            import ray
+
+            ray.wait(pending[1], num_returns=len(pending[1]))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # RL
 # ---------------------------------------------------------------------------------------------------------------
 
 def policy_update(learner: Any, cfg: RLConfig, prompt_ids: list[list[int]], response_ids: list[list[int]],
-                  rewards: np.ndarray, group: list[int], timer: Timer) -> tuple[dict[str, float], torch.Tensor]:
+                  rewards: np.ndarray, group: list[int], timer: Timer,
+                  behaviour_logprobs: list[list[float]] | None = None) -> tuple[dict[str, float], torch.Tensor]:
     """One RL update from scored samples (a sequence reward on each response's last token): the KL term,
     advantages (GRPO groups by ``group``, PPO's critic), the critic and policy updates. Returns the metrics and
-    the response lengths."""
+    the response lengths.
+
+    ``behaviour_logprobs`` (the engines' per-token log-probs of samples drawn by older weights: one-step-off
+    rollout): the old log-probs are then the learner's current ones (the proximal policy) and each token is
+    weighted by min(pi_prox / pi_behaviour, ``cfg.is_weight_cap``) (:func:`pr_rlhf.algos.behaviour_weights`)."""
     batch: dict[str, Any] = {"prompt_ids": [list(p) for p in prompt_ids],
                              "response_ids": [list(r) or [0] for r in response_ids]}
     n = len(batch["response_ids"])
@@ -92,9 +146,15 @@ def policy_update(learner: Any, cfg: RLConfig, prompt_ids: list[list[int]], resp
     kl_cfg = cfg.learner.kl
     kl_in_reward = kl_cfg.coef > 0 and kl_cfg.where == "reward"
     # a single on-policy step takes the old log-probs from the update's own forward (no separate pass)
-    if kl_in_reward or not cfg.learner.single_update(n):
+    if kl_in_reward or not cfg.learner.single_update(n) or behaviour_logprobs is not None:
         with timer.phase("old_logprobs"):
             batch["old_logprobs"] = learner.compute_logprobs(batch)
+    if behaviour_logprobs is not None:
+        behaviour = batch["old_logprobs"].clone()   # a token the engine gave no log-prob for gets weight 1
+        for i, lp in enumerate(behaviour_logprobs):
+            behaviour[i, :len(lp)] = torch.tensor(lp, dtype=behaviour.dtype)
+        batch["is_weights"], is_stats = behaviour_weights(batch["old_logprobs"], behaviour, mask, cfg.is_weight_cap)
+        metrics.update({f"rollout/{k}": v for k, v in is_stats.items()})
     if kl_in_reward:
         with timer.phase("ref_logprobs"):
             ref = learner.compute_ref_logprobs(batch)
@@ -128,6 +188,7 @@ class ScoredRollouts:
     group: list[int]                  # GRPO group of each sample
     rewards: np.ndarray
     metrics: dict[str, float]
+    behaviour_logprobs: list[list[float]] | None = None   # the engines' log-probs (when requested)
 
     def zero_std_groups(self) -> set[int]:
         """The groups whose rewards are all equal (they carry no advantage, hence no gradient)."""
@@ -139,13 +200,16 @@ class ScoredRollouts:
     def only(self, keep: set[int]) -> ScoredRollouts:
         idx = [i for i, g in enumerate(self.group) if g in keep]
         return ScoredRollouts([self.prompt_ids[i] for i in idx], [self.response_ids[i] for i in idx],
-                              [self.group[i] for i in idx], self.rewards[idx], self.metrics)
+                              [self.group[i] for i in idx], self.rewards[idx], self.metrics,
+                              None if self.behaviour_logprobs is None else [self.behaviour_logprobs[i] for i in idx])
 
     @staticmethod
     def concat(parts: list[ScoredRollouts]) -> ScoredRollouts:
+        behaviour = None if any(s.behaviour_logprobs is None for s in parts) else [
+            lp for s in parts for lp in s.behaviour_logprobs]
         return ScoredRollouts([p for s in parts for p in s.prompt_ids], [r for s in parts for r in s.response_ids],
                               [g for s in parts for g in s.group], np.concatenate([s.rewards for s in parts]),
-                              parts[0].metrics)
+                              parts[0].metrics, behaviour)
 
 
 def samples_per_prompt(cfg: RLConfig, group_of: Sequence[int]) -> int:
@@ -157,25 +221,42 @@ def samples_per_prompt(cfg: RLConfig, group_of: Sequence[int]) -> int:
     return cfg.group_size // next(iter(sizes))
 
 
-def sample_and_score(rollouts: list, cfg: RLConfig, prompts: Sequence[Any], group_of: Sequence[int],
-                     reward_fn: RewardFn, seed: int, timer: Timer, logprobs: bool = False) -> ScoredRollouts:
-    """Samples of every prompt (``samples_per_prompt``), scored by ``reward_fn``; group ids as ``group_of``."""
-    params = SamplingParams(n=samples_per_prompt(cfg, group_of), temperature=cfg.temperature, top_p=cfg.top_p,
-                            max_tokens=cfg.max_tokens, seed=seed, logprobs=logprobs)
-    with timer.phase("rollout"):
-        gens = generate_sharded(rollouts, [p.messages for p in prompts], params)
+def sampling_params(cfg: RLConfig, group_of: Sequence[int], seed: int, logprobs: bool) -> SamplingParams:
+    return SamplingParams(n=samples_per_prompt(cfg, group_of), temperature=cfg.temperature, top_p=cfg.top_p,
+                          max_tokens=cfg.max_tokens, seed=seed, logprobs=logprobs)
+
+
+def score_generations(prompts: Sequence[Any], group_of: Sequence[int], gens: list[Generation], reward_fn: RewardFn,
+                      timer: Timer, keep_logprobs: bool = False) -> ScoredRollouts:
+    """Every prompt's samples flattened, scored by ``reward_fn``; group ids as ``group_of``; the engines' log-probs
+    of each sample kept with ``keep_logprobs``."""
     bad = [g.error for g in gens if g.error]
     if bad:
         raise RuntimeError(f"rollout failed for {len(bad)} prompts, e.g. {bad[0]}")
-    prompt_ids, response_ids, group = [], [], []
+    prompt_ids, response_ids, group, behaviour = [], [], [], []
     for gi, gen in enumerate(gens):
         for sample in gen.samples:
             prompt_ids.append(gen.prompt_token_ids)
             response_ids.append(sample.token_ids)
             group.append(group_of[gi])
+            if keep_logprobs:
+                if sample.logprobs is None or len(sample.logprobs) != len(sample.token_ids):
+                    raise RuntimeError(f"the rollout engine returned {len(sample.logprobs or [])} log-probs for "
+                                       f"{len(sample.token_ids)} tokens: the behaviour correction needs one each")
+                behaviour.append(list(sample.logprobs))
     with timer.phase("reward"):
         rewards, reward_metrics = reward_fn(prompts, gens)
-    return ScoredRollouts(prompt_ids, response_ids, group, np.asarray(rewards, dtype=np.float64), reward_metrics)
+    return ScoredRollouts(prompt_ids, response_ids, group, np.asarray(rewards, dtype=np.float64), reward_metrics,
+                          behaviour if keep_logprobs else None)
+
+
+def sample_and_score(rollouts: list, cfg: RLConfig, prompts: Sequence[Any], group_of: Sequence[int],
+                     reward_fn: RewardFn, seed: int, timer: Timer, logprobs: bool = False) -> ScoredRollouts:
+    """Samples of every prompt (``samples_per_prompt``), scored by ``reward_fn``; group ids as ``group_of``."""
+    params = sampling_params(cfg, group_of, seed, logprobs)
+    with timer.phase("rollout"):
+        gens = generate_sharded(rollouts, [p.messages for p in prompts], params)
+    return score_generations(prompts, group_of, gens, reward_fn, timer)
 
 
 # (refill round, number of groups wanted) -> (prompts, group id of each prompt), group ids unused so far
@@ -184,7 +265,9 @@ RefillFn = Callable[[int, int], tuple[Sequence[Any], Sequence[int]]]
 
 def rl_step(learner: Any, rollouts: list, cfg: RLConfig, prompts: Sequence[Any], reward_fn: RewardFn, step: int,
             seed: int, *, group_of: Sequence[int] | None = None, refill: RefillFn | None = None,
-            refill_rounds: int = 0, logprobs: bool = False) -> dict[str, float]:
+            refill_rounds: int = 0, logprobs: bool = False, pipeline: OneStepOff | None = None,
+            next_prompts: Sequence[Any] | None = None, next_group_of: Sequence[int] | None = None
+            ) -> dict[str, float]:
     """RL step ``step`` (0-based) on ``prompts`` (anything with ``.messages``): ``cfg.group_size`` samples per GRPO
     group (seeded by ``seed`` and the step; ``group_of[i]`` is prompt i's group, default its own: a group of two
     prompts, e.g. one pair in both response orders, gets half of the samples on each), ``reward_fn`` scores them,
@@ -194,10 +277,34 @@ def rl_step(learner: Any, rollouts: list, cfg: RLConfig, prompts: Sequence[Any],
     up to that many rounds of fresh groups (``refill(round, count)``) are drawn in their place; the reward metrics
     stay those of the scheduled prompts. Returns the step's metrics: the update's, the reward's (and
     ``reward_fn``'s own), ``reward/frac_zero_std`` (the share of groups without reward variance), response
-    lengths, seconds per phase."""
+    lengths, seconds per phase.
+
+    One-step-off (``pipeline``, :class:`OneStepOff`): the step's samples are those launched during the previous
+    step (or drawn now when there are none), the engines then take the learner's weights (version ``step``) and
+    start on ``next_prompts`` (step + 1; none after the last step) before this step scores and updates with the
+    behaviour correction; the weights reach the engines at the next step, not at the end of this one. Adds
+    ``rollout/staleness`` (updates between the weights that drew the samples and the learner's) and the
+    correction's statistics."""
     timer = Timer()
     group_of = list(range(len(prompts))) if group_of is None else list(group_of)
-    first = sample_and_score(rollouts, cfg, prompts, group_of, reward_fn, seed * 1_000_003 + step, timer, logprobs)
+    sample_seed = seed * 1_000_003 + step
+    staleness = None
+    if pipeline is None:
+        first = sample_and_score(rollouts, cfg, prompts, group_of, reward_fn, sample_seed, timer, logprobs)
+    else:
+        if refill is not None and refill_rounds > 0:
+            raise ValueError("dynamic sampling (refill) draws more samples within a step: it needs the sync rollout")
+        with timer.phase("rollout_wait"):
+            gens, drawn_by = pipeline.take(step, [p.messages for p in prompts],
+                                           sampling_params(cfg, group_of, sample_seed, True))
+        with timer.phase("weight_sync"):
+            pipeline.sync(learner, step)
+        if next_prompts is not None:
+            following = list(range(len(next_prompts))) if next_group_of is None else list(next_group_of)
+            pipeline.launch(step + 1, [p.messages for p in next_prompts],
+                            sampling_params(cfg, following, sample_seed + 1, True))
+        first = score_generations(prompts, group_of, gens, reward_fn, timer, keep_logprobs=True)
+        staleness = step - drawn_by
     zero = first.zero_std_groups()
     n_groups = len(set(group_of))
     batch, refilled = first, 0
@@ -219,9 +326,10 @@ def rl_step(learner: Any, rollouts: list, cfg: RLConfig, prompts: Sequence[Any],
         kept = ScoredRollouts.concat(parts)
         batch = kept if kept.group else first   # nothing informative anywhere: the scheduled batch (KL only)
     metrics, lengths = policy_update(learner, cfg, batch.prompt_ids, batch.response_ids, batch.rewards,
-                                     batch.group, timer)
-    with timer.phase("weight_sync"):
-        sync_weights(learner, rollouts, step + 1)
+                                     batch.group, timer, batch.behaviour_logprobs if pipeline is not None else None)
+    if pipeline is None:
+        with timer.phase("weight_sync"):
+            sync_weights(learner, rollouts, step + 1)
     metrics.update({
         "step": step,
         "reward/mean": float(first.rewards.mean()),
@@ -229,9 +337,12 @@ def rl_step(learner: Any, rollouts: list, cfg: RLConfig, prompts: Sequence[Any],
         "reward/frac_zero_std": len(zero) / max(n_groups, 1),
         **first.metrics,
         "rollout/response_tokens_mean": float(lengths.float().mean()),
-        "rollout/tokens_per_s": int(lengths.sum()) / max(timer.seconds["rollout"], 1e-9),
         **{f"time/{k}_s": v for k, v in timer.seconds.items()},
     })
+    if pipeline is None:   # generation overlaps other phases one step off: no time of its own to divide by
+        metrics["rollout/tokens_per_s"] = int(lengths.sum()) / max(timer.seconds["rollout"], 1e-9)
+    else:
+        metrics["rollout/staleness"] = float(staleness)
     if refill is not None and refill_rounds > 0:
         metrics.update({"rollout/refill_groups": float(refilled),
                         "rollout/update_groups": float(len(set(batch.group))),

@@ -96,6 +96,7 @@ def _ppo_clip_loss(
     clip_ratio_c: float | None,
     agg_mode: str,
     global_batch: GlobalBatchInfo | None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     log_ratio = torch.clamp(log_prob - old_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
@@ -114,6 +115,11 @@ def _ppo_clip_loss(
         cap = -advantages * clip_ratio_c  # for A < 0 the loss may not exceed c * |A|
         stats["clipfrac_lower"] = masked_mean(((per_token > cap) & negative).to(per_token.dtype), response_mask)
         per_token = torch.where(negative, torch.minimum(per_token, cap), per_token)
+    if is_weights is not None:
+        # behaviour correction of an off-policy batch (decoupled PPO): the clipped surrogate is taken against the
+        # proximal policy (old_log_prob, the learner's weights before this update) and weighted by the detached,
+        # truncated pi_prox / pi_behaviour of each token (pr_rlhf.algos.behaviour_weights)
+        per_token = per_token * is_weights.detach()
     loss = agg_loss(per_token, response_mask, agg_mode, global_batch=global_batch)
     return loss, {k: float(v.detach()) for k, v in stats.items()}
 
@@ -129,6 +135,7 @@ def clipped(
     clip_ratio_high: float = 0.2,
     agg_mode: str = "token-mean",
     global_batch: GlobalBatchInfo | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate: per token max(-A * r, -A * clip(r, 1 - low, 1 + high)), r = exp(logp - logp_old).
 
@@ -137,7 +144,7 @@ def clipped(
     """
     return _ppo_clip_loss(
         old_log_prob, log_prob, advantages, response_mask,
-        clip_ratio_low, clip_ratio_high, None, agg_mode, global_batch,
+        clip_ratio_low, clip_ratio_high, None, agg_mode, global_batch, is_weights,
     )
 
 
@@ -153,6 +160,7 @@ def dual_clip(
     clip_ratio_c: float = 3.0,
     agg_mode: str = "token-mean",
     global_batch: GlobalBatchInfo | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Dual-clip PPO (Ye et al. 2020, arXiv:1912.09729): `clipped`, and for A < 0 the per-token loss is also capped at
     -A * clip_ratio_c (c > 1), so a huge ratio on a bad token cannot blow up the loss. verl's "vanilla" loss.
@@ -160,7 +168,7 @@ def dual_clip(
     """
     return _ppo_clip_loss(
         old_log_prob, log_prob, advantages, response_mask,
-        clip_ratio_low, clip_ratio_high, clip_ratio_c, agg_mode, global_batch,
+        clip_ratio_low, clip_ratio_high, clip_ratio_c, agg_mode, global_batch, is_weights,
     )
 
 
@@ -196,3 +204,26 @@ def entropy_loss(
 ) -> torch.Tensor:
     """Aggregated token entropy of `logits [B, T, V]` over the mask (subtract coef * this to reward exploration)."""
     return agg_loss(entropy_from_logits(logits), mask, agg_mode, global_batch=global_batch)
+
+
+def behaviour_weights(prox_log_prob: torch.Tensor, behaviour_log_prob: torch.Tensor, response_mask: torch.Tensor,
+                      cap: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-token importance weights of samples drawn by a stale behaviour policy (one-step-off asynchronous
+    rollout): ``w = min(pi_prox / pi_behaviour, cap)``, 0 outside the mask.
+
+    The decoupled PPO objective (Hilton, Cobbe & Schulman 2022, "Batch size-invariance for policy optimization",
+    arXiv:2110.00641; as AReaL uses it, arXiv:2505.24298) clips the ratio against the *proximal* policy (the
+    learner's weights before this update, ``old_log_prob`` of the clipped losses) and corrects for the behaviour
+    policy with this weight; truncating it at ``cap`` (Ionides 2008's truncated importance sampling, as verl's
+    rollout-IS and Yao et al. 2025's TIS do against engine/trainer mismatch) bounds the variance a rare token adds.
+    Stats: is_weight_mean, is_truncated_frac (tokens whose weight hit the cap), behaviour_kl (k1 estimate of
+    KL(pi_behaviour || pi_prox) on the sampled tokens)."""
+    if not cap > 0:
+        raise ValueError(f"the importance-weight cap must be > 0, got {cap}")
+    log_ratio = torch.clamp(prox_log_prob - behaviour_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    weights = torch.clamp(ratio, max=cap) * response_mask
+    stats = {"is_weight_mean": masked_mean(weights, response_mask),
+             "is_truncated_frac": masked_mean((ratio > cap).to(ratio.dtype), response_mask),
+             "behaviour_kl": masked_mean(-log_ratio, response_mask)}
+    return weights.detach(), {k: float(v) for k, v in stats.items()}

@@ -87,6 +87,15 @@ class RLConfig(StrictModel):
     rollout_resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources per "
                                                                                   "rollout worker, e.g. "
                                                                                   "{rollout_host: 1}")
+    rollout_mode: Literal["sync", "one_step_off"] = Field(
+        "sync", description="'sync': each step generates with the weights it updates (rollout, then update); "
+                            "'one_step_off' (split layout): step t+1's samples are generated while the learner "
+                            "trains on step t's, so they come from weights one update old; the loss corrects for it "
+                            "with the engine's log-probs (decoupled PPO, truncated importance weights: "
+                            "docs/guides/rl.md)")
+    is_weight_cap: float = Field(
+        2.0, gt=0, description="one_step_off: the cap C of each token's importance weight min(pi_learner / "
+                               "pi_rollout, C)")
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     data: RLDataConfig = Field(default_factory=RLDataConfig)
     downstream: RewardConfig | None = Field(
@@ -100,6 +109,10 @@ class RLConfig(StrictModel):
             raise ValueError("GRPO needs group_size >= 2 (advantages are relative to the group)")
         if self.warmup_sft_target == "rubric" and self.data.plan != "rubrics":
             raise ValueError("warmup_sft_target='rubric' follows the rubric in the prompt: set data.plan='rubrics'")
+        if self.rollout_mode == "one_step_off" and (self.temperature != 1.0 or self.top_p != 1.0):
+            raise ValueError("rollout_mode one_step_off corrects with the engine's log-probs, which are the model's "
+                             "raw distribution (temperature 1, no top-p): set train.temperature=1 and "
+                             f"train.top_p=1 (they are {self.temperature} and {self.top_p})")
         if self.algorithm == "ppo" and not self.learner.critic.enabled:
             raise ValueError("PPO needs a critic: set train.learner.critic.enabled=true")
         return self

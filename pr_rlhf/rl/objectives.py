@@ -8,6 +8,7 @@ the same whatever the world size or micro-batch size. Pure torch (no Ray, no pro
 """
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,13 +40,20 @@ def policy_loss_terms(cfg: LearnerConfig) -> tuple[str, ...]:
 
 def policy_objective(cfg: LearnerConfig, logp: torch.Tensor, entropy: torch.Tensor, old_logprobs: torch.Tensor,
                      advantages: torch.Tensor, mask: torch.Tensor, global_batch: GlobalBatchInfo,
-                     ref_logprobs: torch.Tensor | None = None) -> MicroLoss:
+                     ref_logprobs: torch.Tensor | None = None, is_weights: torch.Tensor | None = None) -> MicroLoss:
     """``cfg.policy_loss`` (clipped surrogate) - ``entropy_coef`` x entropy + ``kl.coef`` x KL to the reference
-    (when the KL is in the loss: ``ref_logprobs`` required), each aggregated with ``cfg.loss_agg_mode``."""
+    (when the KL is in the loss: ``ref_logprobs`` required), each aggregated with ``cfg.loss_agg_mode``.
+    ``is_weights``: the behaviour correction of an off-policy batch (``pr_rlhf.algos.behaviour_weights``)."""
+    extra = {}
+    if is_weights is not None:
+        if "is_weights" not in inspect.signature(POLICY_LOSSES.get(cfg.policy_loss)).parameters:
+            raise ValueError(f"policy loss {cfg.policy_loss!r} takes no importance weights: an off-policy batch "
+                             "(one-step-off rollout) needs a loss that does (clipped, dual_clip)")
+        extra["is_weights"] = is_weights
     pg_loss, stats = POLICY_LOSSES.call(
         cfg.policy_loss, old_logprobs, logp, advantages, mask, clip_ratio_low=cfg.clip_ratio_low,
         clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c, agg_mode=cfg.loss_agg_mode,
-        global_batch=global_batch)
+        global_batch=global_batch, **extra)
     loss = pg_loss
     terms = {"pg_loss": float(pg_loss.detach())}
     if cfg.entropy_coef > 0:

@@ -140,6 +140,28 @@ def test_clipped_and_dual_clip_hand():
         algos.dual_clip(old, new, adv, m, clip_ratio_c=1.0)
 
 
+def test_behaviour_weights_truncate_and_weight_the_clipped_loss():
+    """One-step-off correction: w = min(pi_prox / pi_behaviour, cap) per token, 0 off the mask, detached; the
+    clipped surrogate's per-token terms are multiplied by it (and its gradient scaled the same way)."""
+    old, new, adv, m = ppo_inputs()
+    behaviour = old + torch.log(torch.tensor([[1.0, 2.0, 0.5, 0.1, 1.0]]))   # pi_prox / pi_b = 1, .5, 2, 10, 1
+    m[0, 4] = 0
+    w, stats = algos.behaviour_weights(old, behaviour, m, cap=2.0)
+    close(w, torch.tensor([[1.0, 0.5, 2.0, 2.0, 0.0]]))
+    close(stats["is_weight_mean"], (1.0 + 0.5 + 2.0 + 2.0) / 4)
+    close(stats["is_truncated_frac"], 1 / 4)
+    close(stats["behaviour_kl"], torch.log(torch.tensor([1.0, 2.0, 0.5, 0.1])).mean())
+    loss, _ = algos.clipped(old, new, adv, m, is_weights=w)
+    close(loss, (-1.2 * 1.0 - 0.5 * 0.5 + 1.1 * 2.0 + 0.8 * 2.0) / 4)
+    new.requires_grad_(True)
+    algos.clipped(old, new, adv, m, is_weights=w)[0].backward()
+    close(new.grad, torch.tensor([[0.0, -0.5 * 0.5 / 4, 1.1 * 2.0 / 4, 0.0, 0.0]]))
+    same, _ = algos.behaviour_weights(old, old, m, cap=2.0)    # on-policy: every weight 1, the loss unchanged
+    close(algos.dual_clip(old, new, adv, m, is_weights=same)[0], algos.dual_clip(old, new, adv, m)[0])
+    with pytest.raises(ValueError, match="cap"):
+        algos.behaviour_weights(old, behaviour, m, cap=0.0)
+
+
 def test_policy_loss_gradient_is_zero_where_clipped():
     old, new, adv, m = ppo_inputs()
     new.requires_grad_(True)
