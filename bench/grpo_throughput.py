@@ -175,7 +175,10 @@ def run_ours(args: argparse.Namespace) -> dict:
         "reward": {"kind": "gold"},
         "tracking": {"enabled": False},
         "train": {
-            "algorithm": "grpo", "steps": args.steps + 1, "prompts_per_step": PROMPTS_PER_STEP, "group_size": GROUP,
+            # one more step than run: the last measured step launches the next one's generation as in a longer run
+            # (one_step_off), as the warm-up step launched the first measured one's
+            "algorithm": "grpo", "steps": args.steps + 2, "prompts_per_step": PROMPTS_PER_STEP, "group_size": GROUP,
+            "rollout_mode": args.rollout_mode,
             "max_tokens": MAX_NEW_TOKENS, "temperature": 1.0, "top_p": 1.0, "resume": False,
             "out": str(workdir / f"ours-{args.size}"),
             "rollout": {"backend": "hf", "model": spec, "dtype": "float32", "max_model_len": 1024},
@@ -195,6 +198,9 @@ def run_ours(args: argparse.Namespace) -> dict:
     for pos, row in enumerate(ordered):
         slots[perm[pos]] = PromptItem(row["prompt_id"], row["user_id"], row["subset"], row["question"], row["text"])
     controller.train_prompts = slots
+    if args.actor_threads:   # e.g. one_step_off: the rollout and the learner run at once, a core each
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = str(args.actor_threads)
     if args.ray_default_threads:  # what `pr-rlhf train` gets today: Ray sets OMP_NUM_THREADS=floor(num_cpus) or 1
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.pop(var, None)
@@ -337,7 +343,9 @@ def run_trl(args: argparse.Namespace) -> dict:
 
 def run_side(args: argparse.Namespace, side: str, size: str) -> dict:
     cmd = [sys.executable, __file__, "--side", side, "--size", size, "--workdir", args.workdir, "--steps",
-           str(args.steps), "--micro-batch", str(args.micro_batch), "--strategy", args.strategy]
+           str(args.steps), "--micro-batch", str(args.micro_batch), "--strategy", args.strategy,
+           "--rollout-mode", args.rollout_mode, *(["--actor-threads", str(args.actor_threads)]
+                                                  if args.actor_threads else [])]
     if args.ray_default_threads:
         cmd.append("--ray-default-threads")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, check=False)
@@ -357,6 +365,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="1 measured step, the ~1M model only")
     parser.add_argument("--micro-batch", type=int, default=16, help="samples per forward/backward, both sides")
     parser.add_argument("--strategy", default="none", choices=["none", "fsdp2"], help="our learner's strategy")
+    parser.add_argument("--rollout-mode", default="sync", choices=["sync", "one_step_off"],
+                        help="our train.rollout_mode (one_step_off: generation overlaps the update)")
+    parser.add_argument("--actor-threads", type=int, default=0,
+                        help="torch threads of each of our actors (default: the benchmark's 2); one_step_off runs "
+                             "the rollout and the learner at once, so 1 each shares 2 cores without oversubscribing")
     parser.add_argument("--ray-default-threads", action="store_true",
                         help="diagnostic: do not export OMP_NUM_THREADS=2 to our Ray actors (they then get Ray's "
                              "default, 1 thread each, as a plain `pr-rlhf train` does); TRL keeps 2")
@@ -404,7 +417,8 @@ def measure(args: argparse.Namespace) -> common.Result:
                            f"{GROUP} completions per step, prompts {PROMPT_TOKENS} tokens, <= {MAX_NEW_TOKENS} new "
                            "tokens, gold reward",
                       settings=f"{args.steps} measured steps after 1 warm-up, micro-batch {args.micro_batch}, "
-                               f"{THREADS} torch threads, our learner strategy {args.strategy!r}")
+                               f"{THREADS} torch threads, our learner strategy {args.strategy!r}, our rollout "
+                               f"{args.rollout_mode}")
         results["tiny"] = measure_size(args, "tiny", info)   # the first size is the benchmark's core
         for size in sizes[1:]:
             measured = common.optional_part(fields, f"size_{size}", lambda s=size: measure_size(args, s, info))
@@ -423,7 +437,8 @@ def measure(args: argparse.Namespace) -> common.Result:
     return common.Result(
         "grpo_throughput", ratio=cps(largest, "ours") / cps(largest, "trl"), fields=fields,
         config=f"GRPO step, random-init Qwen2 of {params:.1f}M params, {PROMPTS_PER_STEP} x {GROUP} completions of <= "
-               f"{MAX_NEW_TOKENS} tokens per step, gold reward, {THREADS} threads, setup excluded"
+               f"{MAX_NEW_TOKENS} tokens per step, gold reward, {THREADS} threads, setup excluded, our rollout "
+               f"{args.rollout_mode}"
                + (f"; at ~1M params {fields['ratio_tiny']:.2f}x" if largest != "tiny" else ""),
         baseline=f"TRL GRPOTrainer: {cps(largest, 'trl'):.2f} completions/s",
         ours=f"RLController on Ray: {cps(largest, 'ours'):.2f} completions/s")

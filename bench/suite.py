@@ -45,6 +45,7 @@ class Bench:
     row: str
     script: str
     args: tuple[str, ...] = ()
+    quick_check: bool = True   # the suite runs its --quick form (a row that reruns a script another row checks: no)
 
     @property
     def name(self) -> str:
@@ -61,6 +62,9 @@ BENCHES: tuple[Bench, ...] = (
     Bench("scaling_cost", "scaling_cost.py"),
     Bench("bon_sweep", "bon_sweep.py"),
     Bench("grpo_throughput", "grpo_throughput.py"),
+    Bench("grpo_throughput_async", "grpo_throughput.py", ("--rollout-mode", "one_step_off", "--actor-threads", "1"),
+          quick_check=False),
+    Bench("async_rollout", "async_rollout.py"),
     Bench("weight_sync", "weight_sync.py"),
     Bench("learner_memory", "learner_memory.py"),
     Bench("reward_service_load", "reward_service_load.py", ("--scorer", "pgenrm")),

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pr_rlhf.algos import ADVANTAGE_ESTIMATORS, apply_kl_to_rewards, behaviour_weights, kl_penalty
+from pr_rlhf.algos import ADVANTAGE_ESTIMATORS, apply_kl_to_rewards, kl_penalty
 from pr_rlhf.configs.rl import RLConfig
 from pr_rlhf.files import atomic_write_text, is_complete, mark_complete
 from pr_rlhf.models.base import Generation, SamplingParams
@@ -131,8 +131,8 @@ def policy_update(learner: Any, cfg: RLConfig, prompt_ids: list[list[int]], resp
     the response lengths.
 
     ``behaviour_logprobs`` (the engines' per-token log-probs of samples drawn by older weights: one-step-off
-    rollout): the old log-probs are then the learner's current ones (the proximal policy) and each token is
-    weighted by min(pi_prox / pi_behaviour, ``cfg.is_weight_cap``) (:func:`pr_rlhf.algos.behaviour_weights`)."""
+    rollout): the learner weights each token by min(pi_prox / pi_behaviour, ``learner.is_weight_cap``), pi_prox
+    its weights before the update (:func:`pr_rlhf.algos.behaviour_weights`)."""
     batch: dict[str, Any] = {"prompt_ids": [list(p) for p in prompt_ids],
                              "response_ids": [list(r) or [0] for r in response_ids]}
     n = len(batch["response_ids"])
@@ -146,15 +146,11 @@ def policy_update(learner: Any, cfg: RLConfig, prompt_ids: list[list[int]], resp
     kl_cfg = cfg.learner.kl
     kl_in_reward = kl_cfg.coef > 0 and kl_cfg.where == "reward"
     # a single on-policy step takes the old log-probs from the update's own forward (no separate pass)
-    if kl_in_reward or not cfg.learner.single_update(n) or behaviour_logprobs is not None:
+    if behaviour_logprobs is not None:   # an empty response is one placeholder token: no engine log-prob
+        batch["behaviour_logprobs"] = [list(lp) or [float("nan")] for lp in behaviour_logprobs]
+    if kl_in_reward or not cfg.learner.single_update(n):
         with timer.phase("old_logprobs"):
             batch["old_logprobs"] = learner.compute_logprobs(batch)
-    if behaviour_logprobs is not None:
-        behaviour = batch["old_logprobs"].clone()   # a token the engine gave no log-prob for gets weight 1
-        for i, lp in enumerate(behaviour_logprobs):
-            behaviour[i, :len(lp)] = torch.tensor(lp, dtype=behaviour.dtype)
-        batch["is_weights"], is_stats = behaviour_weights(batch["old_logprobs"], behaviour, mask, cfg.is_weight_cap)
-        metrics.update({f"rollout/{k}": v for k, v in is_stats.items()})
     if kl_in_reward:
         with timer.phase("ref_logprobs"):
             ref = learner.compute_ref_logprobs(batch)

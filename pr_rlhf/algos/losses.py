@@ -209,7 +209,8 @@ def entropy_loss(
 def behaviour_weights(prox_log_prob: torch.Tensor, behaviour_log_prob: torch.Tensor, response_mask: torch.Tensor,
                       cap: float) -> tuple[torch.Tensor, dict[str, float]]:
     """Per-token importance weights of samples drawn by a stale behaviour policy (one-step-off asynchronous
-    rollout): ``w = min(pi_prox / pi_behaviour, cap)``, 0 outside the mask.
+    rollout): ``w = min(pi_prox / pi_behaviour, cap)``, 0 outside the mask, 1 where the behaviour log-prob is NaN
+    (none recorded).
 
     The decoupled PPO objective (Hilton, Cobbe & Schulman 2022, "Batch size-invariance for policy optimization",
     arXiv:2110.00641; as AReaL uses it, arXiv:2505.24298) clips the ratio against the *proximal* policy (the
@@ -220,6 +221,8 @@ def behaviour_weights(prox_log_prob: torch.Tensor, behaviour_log_prob: torch.Ten
     KL(pi_behaviour || pi_prox) on the sampled tokens)."""
     if not cap > 0:
         raise ValueError(f"the importance-weight cap must be > 0, got {cap}")
+    prox_log_prob = prox_log_prob.detach()
+    behaviour_log_prob = torch.where(torch.isnan(behaviour_log_prob), prox_log_prob, behaviour_log_prob)  # none: 1
     log_ratio = torch.clamp(prox_log_prob - behaviour_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     weights = torch.clamp(ratio, max=cap) * response_mask

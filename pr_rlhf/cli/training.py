@@ -35,7 +35,7 @@ def run_train_stage(recipe: Recipe, address: Optional[str] = None):
         line = (f"step {m['step'] + 1:>4}/{cfg.steps}  reward {m['reward/mean']:+.3f} +- {m['reward/std']:.3f}  "
                 f"kl {m.get('actor/kl_loss', m.get('train/kl', float('nan'))):.4f}  "
                 + (f"{m['rollout/tokens_per_s']:.0f} tok/s" if "rollout/tokens_per_s" in m else
-                   f"staleness {m['rollout/staleness']:.0f}, is-weight {m['rollout/is_weight_mean']:.3f}"))
+                   f"staleness {m['rollout/staleness']:.0f}, is-weight {m['actor/is_weight_mean']:.3f}"))
         if "eval/heldout_reward_mean" in m:
             line += f"  held-out reward {m['eval/heldout_reward_mean']:+.3f}"
         console.print(line, highlight=False)

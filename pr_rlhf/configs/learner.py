@@ -120,6 +120,9 @@ class LearnerConfig(StrictModel):
     clip_ratio_low: float = Field(0.2, ge=0, lt=1)
     clip_ratio_high: float = Field(0.2, ge=0, description="> clip_ratio_low gives DAPO's clip-higher")
     clip_ratio_c: float = Field(3.0, gt=1, description="dual-clip bound for negative advantages")
+    is_weight_cap: float = Field(2.0, gt=0, description="samples a stale policy drew (train.rollout_mode "
+                                                        "one_step_off): the cap C of each token's importance weight "
+                                                        "min(pi_learner / pi_rollout, C)")
     loss_agg_mode: LossAggMode = "token-mean"
     entropy_coef: float = Field(0.0, ge=0, description="coef * entropy is subtracted from the loss; the "
                                                        "entropy is always reported")

@@ -93,9 +93,6 @@ class RLConfig(StrictModel):
                             "trains on step t's, so they come from weights one update old; the loss corrects for it "
                             "with the engine's log-probs (decoupled PPO, truncated importance weights: "
                             "docs/guides/rl.md)")
-    is_weight_cap: float = Field(
-        2.0, gt=0, description="one_step_off: the cap C of each token's importance weight min(pi_learner / "
-                               "pi_rollout, C)")
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     data: RLDataConfig = Field(default_factory=RLDataConfig)
     downstream: RewardConfig | None = Field(

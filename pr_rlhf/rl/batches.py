@@ -21,9 +21,11 @@ Per-token fields (ragged lists of per-response-token floats, or ``[B, T]`` tenso
 
 ``old_logprobs``    ``update_policy`` (required): log-probs of the behaviour policy (``compute_logprobs``).
 ``advantages``      ``update_policy`` (required); a ``[B]`` tensor / list of floats is broadcast over each response.
-``is_weights``      ``update_policy`` (optional): per-token behaviour correction of samples a stale policy drew
-                    (one-step-off rollout: ``pr_rlhf.algos.behaviour_weights``); ``old_logprobs`` are then the
-                    proximal policy's (the learner's before the update), not the engine's.
+``behaviour_logprobs`` ``update_policy`` (optional): the rollout engine's log-probs of samples older weights
+                    drew (one-step-off rollout); the loss then weights each token by the truncated
+                    pi_prox / pi_behaviour (``pr_rlhf.algos.behaviour_weights``), ``old_logprobs`` (or, in a single
+                    on-policy update, the update's own forward) being the proximal policy's. NaN: no engine log-prob
+                    (weight 1).
 ``ref_logprobs``    ``update_policy`` when ``kl.where == 'loss'`` and ``kl.coef > 0`` (computed there if absent).
 ``values``          ``update_critic`` (required): the critic's values at rollout time (``compute_values``).
 ``returns``         ``update_critic`` (required).
@@ -42,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-PER_TOKEN_FIELDS = ("old_logprobs", "ref_logprobs", "advantages", "values", "returns", "is_weights")
+PER_TOKEN_FIELDS = ("old_logprobs", "ref_logprobs", "advantages", "values", "returns", "behaviour_logprobs")
 SEQUENCE_KEYS = ("prompt_ids", "prompt_mask", "response_ids", "response_attention_mask", "response_mask")
 REJECTED = "rejected_"
 SEQUENCE_BROADCAST_FIELDS = ("advantages",)  # may be given per sequence ([B]) and broadcast over the response

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from pr_rlhf.algos import POLICY_LOSSES, GlobalBatchInfo, agg_loss, kl_penalty, value_loss
+from pr_rlhf.algos import POLICY_LOSSES, GlobalBatchInfo, agg_loss, behaviour_weights, kl_penalty, value_loss
 from pr_rlhf.configs.learner import LearnerConfig
 
 
@@ -40,16 +40,22 @@ def policy_loss_terms(cfg: LearnerConfig) -> tuple[str, ...]:
 
 def policy_objective(cfg: LearnerConfig, logp: torch.Tensor, entropy: torch.Tensor, old_logprobs: torch.Tensor,
                      advantages: torch.Tensor, mask: torch.Tensor, global_batch: GlobalBatchInfo,
-                     ref_logprobs: torch.Tensor | None = None, is_weights: torch.Tensor | None = None) -> MicroLoss:
+                     ref_logprobs: torch.Tensor | None = None,
+                     behaviour_logprobs: torch.Tensor | None = None) -> MicroLoss:
     """``cfg.policy_loss`` (clipped surrogate) - ``entropy_coef`` x entropy + ``kl.coef`` x KL to the reference
     (when the KL is in the loss: ``ref_logprobs`` required), each aggregated with ``cfg.loss_agg_mode``.
-    ``is_weights``: the behaviour correction of an off-policy batch (``pr_rlhf.algos.behaviour_weights``)."""
-    extra = {}
-    if is_weights is not None:
+
+    ``behaviour_logprobs``: samples drawn by older weights (one-step-off rollout), with the engine's log-probs;
+    ``old_logprobs`` are then the proximal policy's (the learner's before this update) and each token's term is
+    weighted by min(pi_prox / pi_behaviour, ``cfg.is_weight_cap``) (``pr_rlhf.algos.behaviour_weights``)."""
+    extra: dict[str, Any] = {}
+    is_stats: dict[str, float] = {}
+    if behaviour_logprobs is not None:
         if "is_weights" not in inspect.signature(POLICY_LOSSES.get(cfg.policy_loss)).parameters:
             raise ValueError(f"policy loss {cfg.policy_loss!r} takes no importance weights: an off-policy batch "
                              "(one-step-off rollout) needs a loss that does (clipped, dual_clip)")
-        extra["is_weights"] = is_weights
+        extra["is_weights"], is_stats = behaviour_weights(old_logprobs, behaviour_logprobs, mask,
+                                                                 cfg.is_weight_cap)
     pg_loss, stats = POLICY_LOSSES.call(
         cfg.policy_loss, old_logprobs, logp, advantages, mask, clip_ratio_low=cfg.clip_ratio_low,
         clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c, agg_mode=cfg.loss_agg_mode,
@@ -67,7 +73,7 @@ def policy_objective(cfg: LearnerConfig, logp: torch.Tensor, entropy: torch.Tens
         kl_term = agg_loss(kld, mask, cfg.loss_agg_mode, global_batch=global_batch)
         loss = loss + cfg.kl.coef * kl_term
         terms["kl_loss"] = float(kl_term.detach())
-    return MicroLoss(loss, terms, stats, {"entropy": float((entropy.detach() * mask).sum())})
+    return MicroLoss(loss, terms, {**stats, **is_stats}, {"entropy": float((entropy.detach() * mask).sum())})
 
 
 def critic_objective(cfg: LearnerConfig, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,

@@ -156,6 +156,9 @@ def test_behaviour_weights_truncate_and_weight_the_clipped_loss():
     new.requires_grad_(True)
     algos.clipped(old, new, adv, m, is_weights=w)[0].backward()
     close(new.grad, torch.tensor([[0.0, -0.5 * 0.5 / 4, 1.1 * 2.0 / 4, 0.0, 0.0]]))
+    unknown = behaviour.clone()
+    unknown[0, 1] = float("nan")                                # no engine log-prob recorded: weight 1
+    close(algos.behaviour_weights(old, unknown, m, cap=2.0)[0], torch.tensor([[1.0, 1.0, 2.0, 2.0, 0.0]]))
     same, _ = algos.behaviour_weights(old, old, m, cap=2.0)    # on-policy: every weight 1, the loss unchanged
     close(algos.dual_clip(old, new, adv, m, is_weights=same)[0], algos.dual_clip(old, new, adv, m)[0])
     with pytest.raises(ValueError, match="cap"):

@@ -307,7 +307,7 @@ class LearnerWorker:
                         cfg, logp, entropy, logp.detach() if on_policy else mb["old_logprobs"].to(self.device),
                         mb["advantages"].to(self.device), mask, gb,
                         mb["ref_logprobs"].to(self.device) if cfg.kl_in_loss else None,
-                        mb["is_weights"].to(self.device) if "is_weights" in mb else None)
+                        mb["behaviour_logprobs"].to(self.device) if "behaviour_logprobs" in mb else None)
 
                 self.micro.accumulated_step(self.policy, self.optimizer, b, rows, cfg.micro_batch_size, log,
                                             micro_loss, lambda m, mb: self._logprobs(m, mb)[0])
