@@ -44,7 +44,7 @@ def test_rl_step_refills_zero_variance_groups_and_reports_their_share(monkeypatc
                                                                            for j in range(params.n)])
                 for m in messages]
 
-    def fake_update(learner, cfg, prompt_ids, response_ids, rewards, group, timer):
+    def fake_update(learner, cfg, prompt_ids, response_ids, rewards, group, timer, behaviour_logprobs=None):
         updates.append((list(group), np.asarray(rewards).tolist()))
         import torch
         return {}, torch.tensor([len(r) for r in response_ids])
@@ -77,3 +77,16 @@ def test_rl_step_refills_zero_variance_groups_and_reports_their_share(monkeypatc
     assert metrics["rollout/refill_groups"] == 2 and metrics["rollout/update_groups"] == 3
     assert metrics["reward/frac_zero_std"] == pytest.approx(2 / 3)  # of the scheduled prompts
     assert metrics["reward/mean"] == pytest.approx(np.mean([1] * 4 + [0, 1, 0, 1] + [0] * 4))
+
+
+def test_one_step_off_needs_the_raw_distribution_and_no_refill():
+    """The engines' log-probs are the model's raw distribution: a run sampling at another temperature or top-p
+    cannot be corrected with them; dynamic sampling draws within a step, which one step off cannot."""
+    assert RLConfig(rollout_mode="one_step_off").rollout_mode == "one_step_off"
+    for bad in ({"temperature": 0.7}, {"top_p": 0.9}):
+        with pytest.raises(ValueError, match="temperature=1"):
+            RLConfig(rollout_mode="one_step_off", **bad)
+    with pytest.raises(ValueError, match="refill"):
+        rl_loop.rl_step(None, [], RLConfig(rollout_mode="one_step_off"), [SimpleNamespace(messages=["a"])],
+                        lambda p, g: (np.zeros(0), {}), 0, 0, refill=lambda r, c: ([], []), refill_rounds=1,
+                        pipeline=rl_loop.OneStepOff([], 0))
