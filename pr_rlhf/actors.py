@@ -24,7 +24,7 @@ A command's groups, phase by phase (phases run one after the other; the groups o
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pr_rlhf.configs.base import EngineBase, ScalarRMConfig, engine_config
@@ -85,11 +85,13 @@ class ActorGroup:
     learner: LearnerJob | None = field(default=None, compare=False)
     queued: bool = False                  # tasks Ray starts as room frees: one at a time is enough
     note: str = ""                        # what the actor does, where no engine says it
+    colocated_with: str | None = None     # runs in that group's bundles (one actor per bundle), none of its own
+    ask: Mapping[str, float] | None = None   # what one actor asks inside its bundle, when less (a colocated share)
 
     @property
     def bundles(self) -> tuple[dict[str, float], ...]:
-        """One bundle per actor (a placement group's bundles)."""
-        return tuple(dict(self.bundle) for _ in range(self.count))
+        """One bundle per actor (a placement group's bundles); none for a colocated group."""
+        return () if self.colocated_with else tuple(dict(self.bundle) for _ in range(self.count))
 
     @property
     def gpus(self) -> float:
@@ -107,14 +109,20 @@ class ActorGroup:
         return self.fields.get(resource) or self.fields["*"]
 
     def total(self) -> dict[str, float]:
-        """What the group asks for together (a queued group: one actor at a time)."""
+        """What the group asks for together (a queued group: one actor at a time; a colocated group: nothing
+        beyond the bundles of the group it runs in)."""
+        if self.colocated_with:
+            return {}
         n = 1 if self.queued else self.count
         return {key: value * n for key, value in self.bundle.items()}
 
     def options(self) -> dict[str, Any]:
-        """One actor's Ray options: ``num_cpus``, ``num_gpus`` and, when asked, ``resources``."""
-        custom = {k: v for k, v in self.bundle.items() if k not in ("CPU", "GPU")}
-        return {"num_cpus": self.bundle["CPU"], "num_gpus": self.gpus, **({"resources": custom} if custom else {})}
+        """One actor's Ray options: ``num_cpus``, ``num_gpus`` and, when asked, ``resources`` (inside a bundle
+        shared with a colocated group: its own part, ``ask``)."""
+        own = self.ask or self.bundle
+        custom = {k: v for k, v in own.items() if k not in ("CPU", "GPU")}
+        return {"num_cpus": own.get("CPU", 0.0), "num_gpus": own.get("GPU", 0.0),
+                **({"resources": custom} if custom else {})}
 
 
 def _fields(cpu: str, gpu: str | None = None, custom: str | None = None) -> dict[str, str]:
@@ -123,13 +131,20 @@ def _fields(cpu: str, gpu: str | None = None, custom: str | None = None) -> dict
 
 # ---------------------------------------------------------------------------------------------- groups
 def learner_group(cfg: LearnerConfig, cluster_gpus: float, where: str = "learner", phase: str = "",
-                  job: LearnerJob | None = None) -> ActorGroup:
-    """The learner ranks of ``cfg`` (``workers.learner.LearnerGroup``): a GPU share each when :func:`uses_gpu`."""
+                  job: LearnerJob | None = None, colocated: Mapping[str, float] | None = None) -> ActorGroup:
+    """The learner ranks of ``cfg`` (``workers.learner.LearnerGroup``): a GPU share each when :func:`uses_gpu`.
+    ``colocated``: the bundle of an actor each rank's bundle also hosts (a colocated rollout engine); the rank
+    then asks for the rest of the bundle."""
     gpus = cfg.num_gpus_per_worker if uses_gpu(cfg.device, cluster_gpus) else 0.0
-    return ActorGroup(where, "learner rank", "learner", bundle(cfg.num_cpus_per_worker, gpus, cfg.resources),
-                      cfg.world_size, phase, _fields(f"{where}.num_cpus_per_worker", f"{where}.num_gpus_per_worker",
-                                                     f"{where}.resources"),
-                      placement_group=cfg.placement_strategy, learner=job)
+    own = bundle(cfg.num_cpus_per_worker, gpus, cfg.resources)
+    shared, ask = own, None
+    if colocated:
+        shared = {k: own.get(k, 0.0) + colocated.get(k, 0.0) for k in {*own, *colocated} if k != "GPU"}
+        shared = bundle(shared.pop("CPU"), gpus, shared)   # the GPU is the rank's: the engine takes a share of it
+        ask = {**own, **({"GPU": gpus - colocated.get("GPU", 0.0)} if gpus else {})}
+    return ActorGroup(where, "learner rank", "learner", shared, cfg.world_size, phase,
+                      _fields(f"{where}.num_cpus_per_worker", f"{where}.num_gpus_per_worker", f"{where}.resources"),
+                      placement_group=cfg.placement_strategy, learner=job, ask=ask)
 
 
 def rollout_group(section: RLConfig | PGenRMConfig | BoNConfig, where: str, engine: EngineBase, engine_field: str,
@@ -180,9 +195,13 @@ def train_groups(train: RLConfig, reward: RewardBase, reward_where: str, phase: 
     """One RL run (``workers.controller.RLController``): ``train`` its RLConfig, ``reward`` the pool's scorer."""
     lcfg = train.learner
     job = LearnerJob(lcfg, "train.learner.model", train.rollout.max_model_len, train.max_tokens, lcfg.kl.coef > 0)
-    groups = [learner_group(lcfg, cluster_gpus, "train.learner", phase, job),
-              rollout_group(train, "train", train.rollout, "train.rollout", phase, "PACK", train.rollout_resources),
-              reward_pool_group(reward, reward_where, phase)]
+    rollout = rollout_group(train, "train", train.rollout, "train.rollout", phase, "PACK", train.rollout_resources)
+    if train.layout == "colocated":   # each rank's bundle hosts one engine: the hybrid engine
+        rollout = replace(rollout, placement_group=None, colocated_with="train.learner")
+        learner = learner_group(lcfg, cluster_gpus, "train.learner", phase, job, colocated=rollout.bundle)
+    else:
+        learner = learner_group(lcfg, cluster_gpus, "train.learner", phase, job)
+    groups = [learner, rollout, reward_pool_group(reward, reward_where, phase)]
     if train.downstream is not None:
         groups.append(reward_pool_group(train.downstream, "train.downstream", phase, "downstream worker"))
     return groups
@@ -360,6 +379,6 @@ def phases(groups: Sequence[ActorGroup]) -> dict[str, list[ActorGroup]]:
 
 def cpus_needed(groups: Sequence[ActorGroup]) -> float:
     """The most logical CPUs the Ray actors of one phase ask for together (what a local Ray must offer)."""
-    return max([sum(g.total()["CPU"] for g in members if g.role != "driver")
+    return max([sum(g.total().get("CPU", 0.0) for g in members if g.role != "driver")
                 for members in phases(groups).values()] + [0.0])
 

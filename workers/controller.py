@@ -28,6 +28,7 @@ from pr_rlhf.shards import ShardReader
 from pr_rlhf.stats import mean_ci, paired_difference_ci
 from pr_rlhf.tracking import make_tracker
 from workers.rl_loop import (
+    Colocated,
     OneStepOff,
     generate_sharded,
     read_checkpoint,
@@ -102,6 +103,7 @@ class RLController:
         self.downstream_pool: Any = None
         self.rollouts: list = []
         self.pipeline: OneStepOff | None = None   # train.rollout_mode one_step_off
+        self.colocated: Colocated | None = None   # train.layout colocated
         self._rollout_pg: Any = None
         self.placement: dict = {}
 
@@ -121,14 +123,26 @@ class RLController:
         cfg = self.cfg
         learner_cfg = cfg.learner.model_copy(update={"temperature": cfg.temperature, "seed": self.recipe.seed})
         self._workers_started = True  # from here on, shutdown() releases whatever was started
-        self.learner = LearnerGroup(learner_cfg, name=None)
-        rollout = next(g for g in actors.declare(self.recipe, "train") if g.role == "rollout")
-        self._rollout_pg = reserve_bundles(list(rollout.bundles), rollout.placement_group, "rollout")
-        self.rollouts = [spawn_rollout_worker(cfg.rollout, **rollout.options(),
+        import ray
+
+        rollout = next(g for g in actors.declare(self.recipe, "train", ray.cluster_resources().get("GPU", 0.0))
+                       if g.role == "rollout")
+        self.learner = LearnerGroup(learner_cfg, name=None,
+                                    colocated=rollout.bundle if rollout.colocated_with else None)
+        if rollout.colocated_with:   # engine i in learner rank i's bundle, sharing its device
+            pg, engine_cfg = self.learner.placement_group, cfg.rollout
+            if getattr(engine_cfg, "backend", "") == "vllm":   # NCCL refuses two ranks on one GPU: gloo-staged
+                engine_cfg = engine_cfg.model_copy(update={"enable_sleep_mode": True, "weight_transfer": (
+                    "gloo" if engine_cfg.weight_transfer == "auto" else engine_cfg.weight_transfer)})
+        else:
+            self._rollout_pg = pg = reserve_bundles(list(rollout.bundles), rollout.placement_group, "rollout")
+            engine_cfg = cfg.rollout
+        self.rollouts = [spawn_rollout_worker(engine_cfg, **rollout.options(),
                                               scheduling_strategy=PlacementGroupSchedulingStrategy(
-                                                  placement_group=self._rollout_pg,
-                                                  placement_group_bundle_index=i))
+                                                  placement_group=pg, placement_group_bundle_index=i))
                          for i in range(rollout.count)]
+        if rollout.colocated_with:
+            self.colocated = Colocated(self.rollouts, cfg.sleep_level)
         if cfg.rollout_mode == "one_step_off":
             self.pipeline = OneStepOff(self.rollouts, version=-1)   # the engines' weights are not the learner's yet
         self.reward_pool = RewardPool(self.reward_config())
@@ -163,7 +177,7 @@ class RLController:
             ray.kill(w)
         release_bundles(self._rollout_pg)
         self.learner, self.reward_pool, self.downstream_pool = None, None, None
-        self.rollouts, self._rollout_pg, self.pipeline = [], None, None
+        self.rollouts, self._rollout_pg, self.pipeline, self.colocated = [], None, None, None
         self._workers_started = False
 
     # ------------------------------------------------------------------------------------------ phases
@@ -248,7 +262,7 @@ class RLController:
                                  self.recipe.seed)
         return rl_step(self.learner, self.rollouts, cfg, items,
                        lambda prompts, gens: self._pool_rewards(prompts, gens, f"train{step}"), step, self.recipe.seed,
-                       pipeline=self.pipeline, next_prompts=following)
+                       pipeline=self.pipeline, next_prompts=following, colocated=self.colocated)
 
     def warm_start(self) -> dict:
         """Supervised next-token training on the shards' answers before RL (both answers of each training pair,

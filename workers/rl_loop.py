@@ -119,6 +119,31 @@ class OneStepOff:
             ray.wait(pending[1], num_returns=len(pending[1]))
 
 
+class Colocated:
+    """The hybrid engine's phases (``train.layout: colocated``): each rollout engine shares a learner rank's device,
+    so after the rollout the engines sleep (vLLM's sleep ``level``: KV cache freed, weights offloaded or freed)
+    while the learner updates, then wake their weights, take the new ones and wake their KV cache for the next
+    rollout. On CPU vLLM's worker treats sleep and wake as no-ops; ``log`` keeps the order the phases ran in."""
+
+    def __init__(self, rollouts: list, level: int) -> None:
+        self.rollouts = rollouts
+        self.level = level
+        self.log: list[str] = []
+
+    def _all(self, method: str, *args: Any) -> None:
+        import ray
+
+        ray.get([getattr(r, method).remote(*args) for r in self.rollouts])
+
+    def sleep(self) -> None:
+        self._all("sleep", self.level)
+        self.log.append("sleep")
+
+    def wake(self, tags: list[str]) -> None:
+        self._all("wake_up", tags)
+        self.log.append("wake " + "+".join(tags))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # RL
 # ---------------------------------------------------------------------------------------------------------------
@@ -262,8 +287,8 @@ RefillFn = Callable[[int, int], tuple[Sequence[Any], Sequence[int]]]
 def rl_step(learner: Any, rollouts: list, cfg: RLConfig, prompts: Sequence[Any], reward_fn: RewardFn, step: int,
             seed: int, *, group_of: Sequence[int] | None = None, refill: RefillFn | None = None,
             refill_rounds: int = 0, logprobs: bool = False, pipeline: OneStepOff | None = None,
-            next_prompts: Sequence[Any] | None = None, next_group_of: Sequence[int] | None = None
-            ) -> dict[str, float]:
+            next_prompts: Sequence[Any] | None = None, next_group_of: Sequence[int] | None = None,
+            colocated: Colocated | None = None) -> dict[str, float]:
     """RL step ``step`` (0-based) on ``prompts`` (anything with ``.messages``): ``cfg.group_size`` samples per GRPO
     group (seeded by ``seed`` and the step; ``group_of[i]`` is prompt i's group, default its own: a group of two
     prompts, e.g. one pair in both response orders, gets half of the samples on each), ``reward_fn`` scores them,
@@ -280,7 +305,12 @@ def rl_step(learner: Any, rollouts: list, cfg: RLConfig, prompts: Sequence[Any],
     start on ``next_prompts`` (step + 1; none after the last step) before this step scores and updates with the
     behaviour correction; the weights reach the engines at the next step, not at the end of this one. Adds
     ``rollout/staleness`` (updates between the weights that drew the samples and the learner's) and the
-    correction's statistics."""
+    correction's statistics.
+
+    Colocated (``colocated``, :class:`Colocated`): the engines sleep once the samples are drawn and scored, wake
+    their weights for the weight transfer and their KV cache after it."""
+    if colocated is not None and pipeline is not None:
+        raise ValueError("a colocated engine sleeps during the update: it cannot generate one step off")
     timer = Timer()
     group_of = list(range(len(prompts))) if group_of is None else list(group_of)
     sample_seed = seed * 1_000_003 + step
@@ -321,11 +351,20 @@ def rl_step(learner: Any, rollouts: list, cfg: RLConfig, prompts: Sequence[Any],
                 break
         kept = ScoredRollouts.concat(parts)
         batch = kept if kept.group else first   # nothing informative anywhere: the scheduled batch (KL only)
+    if colocated is not None:
+        with timer.phase("sleep"):
+            colocated.sleep()
     metrics, lengths = policy_update(learner, cfg, batch.prompt_ids, batch.response_ids, batch.rewards,
                                      batch.group, timer, batch.behaviour_logprobs if pipeline is not None else None)
+    if colocated is not None:
+        with timer.phase("wake"):
+            colocated.wake(["weights"])
     if pipeline is None:
         with timer.phase("weight_sync"):
             sync_weights(learner, rollouts, step + 1)
+    if colocated is not None:
+        with timer.phase("wake"):
+            colocated.wake(["kv_cache"])
     metrics.update({
         "step": step,
         "reward/mean": float(first.rewards.mean()),

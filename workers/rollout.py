@@ -93,6 +93,13 @@ class RolloutWorker:
     def shutdown_weight_transfer_engine(self) -> None:
         self.engine.shutdown_weight_transfer_engine()
 
+    def sleep(self, level: int = 1) -> None:
+        """Free the device for a colocated learner's update (vLLM's sleep; a no-op on CPU)."""
+        self.engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.engine.wake_up(tags)
+
     def get_weights_version(self) -> int:
         return self.weights_version
 

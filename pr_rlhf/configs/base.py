@@ -112,6 +112,10 @@ class VLLMEngineConfig(EngineBase):
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     tensor_parallel_size: int = Field(1, ge=1)
     enable_prefix_caching: bool = True
+    enable_sleep_mode: bool = Field(
+        False, description="GPU: build the engine with vLLM's sleep mode, so that it can free its KV cache and "
+                           "offload its weights while a colocated learner updates (train.layout colocated sets "
+                           "it); vLLM's CPU worker treats sleep as a no-op, so on CPU the engine is built without")
     enforce_eager: bool | None = Field(None, description="None: CUDA graphs on a GPU (faster decoding), eager on "
                                                          "CPU; True: no graphs (quicker start, less GPU memory)")
     weight_transfer: Literal["auto", "nccl", "gloo"] = Field(

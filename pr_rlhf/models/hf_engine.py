@@ -84,6 +84,19 @@ class HFEngine:
     def __repr__(self) -> str:
         return f"HFEngine(model_dir={self.model_dir!r}, device={str(self.device)!r})"
 
+    def sleep(self, level: int = 1) -> None:
+        """A colocated learner updates: on a GPU the model moves to host memory (any level; it holds no KV cache
+        between calls); on CPU there is nothing to free."""
+        if self.device.type == "cuda":
+            import torch
+
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        if self.device.type == "cuda" and (tags is None or "weights" in tags):
+            self.model.to(self.device)
+
     def _eos_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id}
         config_eos = self.model.generation_config.eos_token_id

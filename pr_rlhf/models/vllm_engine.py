@@ -65,7 +65,7 @@ class VLLMEngine:
                  seed: int = 0, enable_prefix_caching: bool = True, gpu_memory_utilization: float = 0.5,
                  tensor_parallel_size: int = 1, enforce_eager: bool | None = None,
                  distributed_executor_backend: str | None = None, weight_transfer: str = "auto",
-                 **llm_kwargs: Any) -> None:
+                 enable_sleep_mode: bool = False, **llm_kwargs: Any) -> None:
         on_gpu = device.startswith("cuda")
         if not on_gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
@@ -90,6 +90,8 @@ class VLLMEngine:
                                       "|".join(str(c % (os.cpu_count() or 1)) for c in range(tensor_parallel_size)))
         if distributed_executor_backend:
             engine_kwargs["distributed_executor_backend"] = distributed_executor_backend
+        if enable_sleep_mode and on_gpu:   # vLLM refuses sleep mode off GPU; its CPU worker ignores sleep calls
+            engine_kwargs["enable_sleep_mode"] = True
         self.tensor_parallel_size = tensor_parallel_size
         self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len,
                        enforce_eager=vllm_eager(device, enforce_eager),
@@ -105,7 +107,8 @@ class VLLMEngine:
                    seed=cfg.seed, enable_prefix_caching=cfg.enable_prefix_caching,
                    gpu_memory_utilization=cfg.gpu_memory_utilization,
                    tensor_parallel_size=cfg.tensor_parallel_size, enforce_eager=cfg.enforce_eager,
-                   distributed_executor_backend=cfg.executor_backend(), weight_transfer=cfg.weight_transfer)
+                   distributed_executor_backend=cfg.executor_backend(), weight_transfer=cfg.weight_transfer,
+                   enable_sleep_mode=cfg.enable_sleep_mode)
 
     def __repr__(self) -> str:
         return f"VLLMEngine(model_dir={self.model_dir!r}, prefix_caching={self.enable_prefix_caching})"
@@ -232,6 +235,16 @@ class VLLMEngine:
 
     def shutdown_weight_transfer_engine(self) -> None:
         self.llm.shutdown_weight_transfer_engine()
+
+    # -- sleep and wake (a learner colocated on the engine's GPU updates while it sleeps) ---------------------------
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep: level 1 offloads the weights to host memory and frees the KV cache, level 2 frees both (the
+        weight transfer then brings the weights back); on CPU vLLM's worker ignores it."""
+        self.llm.sleep(level=level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """vLLM's wake-up of ``tags`` ("weights" before a weight transfer, then "kv_cache"; None: all)."""
+        self.llm.wake_up(tags)
 
     def close(self) -> None:
         import gc

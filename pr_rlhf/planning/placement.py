@@ -75,9 +75,11 @@ def place(phase: Phase, nodes: int, gpus_per_node: int, gpu_gib: float, host_gib
     order = sorted(phase.actors, key=lambda a: (-(a.gpus >= 1), -a.gpus))   # stable: the phase's own order within
     homes: dict[str, int] = {}
     pending = {}   # whole GPUs the unplaced actors of each group still need: a group is packed on one node if it can
+    pending_host: dict[str, float] = {}   # and their host memory: a node short of it comes after those with room
     for a in order:
         if a.gpus >= 1:
             pending[_base(a.name)] = pending.get(_base(a.name), 0) + math.ceil(a.gpus)
+            pending_host[_base(a.name)] = pending_host.get(_base(a.name), 0.0) + a.host_bytes
     for actor in order:
         if actor.gpus == 0:
             if actor.driver:
@@ -90,10 +92,12 @@ def place(phase: Phase, nodes: int, gpus_per_node: int, gpu_gib: float, host_gib
         spot = None
         if actor.gpus >= 1:
             k = math.ceil(actor.gpus)
-            rest = pending[_base(actor.name)]
+            rest, rest_host = pending[_base(actor.name)], pending_host[_base(actor.name)]
             pending[_base(actor.name)] -= k
+            pending_host[_base(actor.name)] -= actor.host_bytes
             home = homes.get(_base(actor.name))     # PACK: the group's node, else one that holds the whole rest
-            for n in sorted(range(nodes), key=lambda n: (n != home, len(whole(n)) < rest)):
+            for n in sorted(range(nodes), key=lambda n: (n != home, len(whole(n)) < rest,
+                                                         host_used[n] + rest_host > host_gib * GIB)):
                 free = whole(n)
                 if len(free) >= k:
                     spot = (n, free[:k])

@@ -27,6 +27,7 @@ class Actor:
     gpu_bytes: float          # on each GPU it uses
     host_bytes: float
     driver: bool = False      # runs in the job's driver process
+    resident_bytes: float = 0.0   # a learner rank: what stays on its GPU between updates (states, reserve)
 
 
 @dataclass
@@ -205,7 +206,8 @@ class _Builder:
         for r in range(cfg.world_size):
             extra = load if r == 0 or every_rank else 0.0
             if on_gpu:
-                actors.append(Actor(f"{label} {r}", cfg.num_gpus_per_worker, gpu, host + extra))
+                actors.append(Actor(f"{label} {r}", cfg.num_gpus_per_worker, gpu, host + extra,
+                                    resident_bytes=policy + ref + critic + reserve))
             else:   # on CPU the whole GPU figure lives on the host
                 actors.append(Actor(f"{label} {r}", 0.0, 0.0, host + extra + gpu))
         name = model.rsplit("/", 1)[-1]
@@ -271,6 +273,28 @@ class _Builder:
                 "rollout": rollout.actor, "learner": learner.actor}
 
 
+def colocate(phase: Phase, built: tuple[list[Actor], Group], host_actor: str) -> tuple[list[Actor], Group]:
+    """Engines colocated with the learner ranks (the hybrid engine): engine i joins rank i's GPU, which holds at
+    its peak the larger of the update (the rank's peak, the sleeping engine's CUDA context) and the rollout (the
+    rank's resident states, the awake engine's budget). Returns what is left to add: no actor of its own."""
+    engines, group = built
+    ranks = [a for a in phase.actors if a.name.startswith(host_actor + " ")]
+    merged = []
+    for i, (rank, engine) in enumerate(zip(ranks, engines)):
+        asleep = CUDA_RESERVE_GIB * GIB if engine.gpus else 0.0
+        update, rollout = rank.gpu_bytes + asleep, rank.resident_bytes + engine.gpu_bytes
+        rank.gpu_bytes = max(update, rollout)
+        rank.host_bytes += engine.host_bytes
+        rank.name = f"{host_actor} + {engine.name.rpartition(' ')[0]} {i}"   # one group: "learner rank + ... 0-3"
+        merged.append((update, rollout))
+    if merged:
+        update, rollout = merged[0]
+        group = Group(group.label, f"{group.detail}; colocated on the {host_actor}s' GPUs: update "
+                                   f"{_gib(update)} GiB (the rank's peak + the engine asleep, {CUDA_RESERVE_GIB:.1f}), "
+                                   f"rollout {_gib(rollout)} GiB (the rank's states and reserve + the engine awake)")
+    return [], group
+
+
 def _add(phase: Phase, built: tuple[list[Actor], Group]) -> None:
     phase.actors += built[0]
     phase.groups.append(built[1])
@@ -287,7 +311,11 @@ def recipe_phases(recipe: Recipe, models: Models, gpu_gib: float, gpus_per_node:
             phase = Phase(name)
             _add(phase, b.driver())
             for g in members:
-                _add(phase, b.group(g))
+                built = b.group(g)
+                if g.colocated_with:
+                    host = next(h for h in members if h.name == g.colocated_with)
+                    built = colocate(phase, built, host.actor)
+                _add(phase, built)
             phase.sync = b.sync(members)
             out.append(phase)
     if not out:

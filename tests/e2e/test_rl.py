@@ -1,5 +1,6 @@
 """RL on Ray with the tiny policy on the synthetic world: GRPO and PPO raise the held-out users' reward, and a run
 interrupted mid-way and resumed ends with exactly the weights of an uninterrupted run."""
+import json
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,22 @@ def final_policy(run_dir: Path, step: int) -> dict:
     return load_file(str(run_dir / "checkpoints" / f"step_{step:06d}" / "learner" / "policy" / "model.safetensors"))
 
 
+@pytest.fixture(scope="module")
+def shipped_run(ray_cluster, world_shards, tmp_path_factory):  # noqa: F811
+    """``run(recipe, *overrides)``: the run of a shipped recipe, once per module (tests compare against them)."""
+    from workers.controller import RLController
+
+    done: dict = {}
+
+    def run(name: str, *overrides: str):
+        if (name, overrides) not in done:
+            out = tmp_path_factory.mktemp(name.removesuffix(".yaml")) / "run"
+            done[name, overrides] = RLController(recipe(name, world_shards, out, *overrides)).run()
+        return done[name, overrides]
+
+    return run
+
+
 def test_world_shards_are_reused_and_never_confused(world_shards):
     world = load_recipe(ROOT / "recipes" / "grpo_tiny.yaml").train.data.world
     assert ensure_world_shards(world_shards, world) is False        # same world: kept as is
@@ -39,12 +56,12 @@ def test_world_shards_are_reused_and_never_confused(world_shards):
 
 @pytest.mark.timeout(1800)   # a hang: PPO takes ~2.5 min on a fast 2-core machine, twice that on a slow one
 @pytest.mark.parametrize("name", ["grpo_tiny.yaml", "ppo_tiny.yaml"])
-def test_heldout_reward_rises(ray_cluster, world_shards, tmp_path, name):  # noqa: F811
+def test_heldout_reward_rises(shipped_run, name):
     """The shipped tiny recipes, unchanged: the mean reward on cold-start users (never trained on) rises from step
     0 to step 20, the 95% bootstrap CI of the rise (paired over the held-out prompts, resampling users) above zero."""
-    from workers.controller import RLController, heldout_rise
+    from workers.controller import heldout_rise
 
-    result = RLController(recipe(name, world_shards, tmp_path / "run")).run()
+    result = shipped_run(name)
     first, last = result.evals[0], result.evals[-1]
     assert (first["step"], last["step"]) == (0, 20)
     rise = heldout_rise(first, last, result.heldout_users)
@@ -53,7 +70,7 @@ def test_heldout_reward_rises(ray_cluster, world_shards, tmp_path, name):  # noq
     assert np.mean(train[-5:]) > np.mean(train[:5]), train
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{(tmp_path / 'run' / 'mlflow.db').resolve().as_posix()}")
+    client = MlflowClient(tracking_uri=f"sqlite:///{(result.run_dir / 'mlflow.db').resolve().as_posix()}")
     [run] = client.search_runs([client.get_experiment_by_name(result_name(name)).experiment_id])
     logged = [m.value for m in client.get_metric_history(run.info.run_id, "eval/heldout_reward_mean")]
     assert logged == pytest.approx([e["eval/heldout_reward_mean"] for e in result.evals])
@@ -62,20 +79,39 @@ def test_heldout_reward_rises(ray_cluster, world_shards, tmp_path, name):  # noq
 
 
 @pytest.mark.timeout(1800)
-def test_one_step_off_rollout_learns(ray_cluster, world_shards, tmp_path):  # noqa: F811
+def test_one_step_off_rollout_learns(shipped_run):
     """The shipped grpo_tiny with the one-step-off rollout: each step after the first trains on samples the previous
     weights drew (staleness 1), corrected by importance weights near 1, and the held-out reward still rises, the 95%
     CI of the rise (users resampled) above zero. The pre-registered comparison with the sequential step over seeds
     is docs/results/async_rollout (tests/unit/test_async_rollout_results.py recomputes it)."""
-    from workers.controller import RLController, heldout_rise
+    from workers.controller import heldout_rise
 
-    result = RLController(recipe("grpo_tiny.yaml", world_shards, tmp_path / "run",
-                                 "train.rollout_mode=one_step_off")).run()
+    result = shipped_run("grpo_tiny.yaml", "train.rollout_mode=one_step_off")
     assert [h["rollout/staleness"] for h in result.history] == [0.0] + [1.0] * 19
     weights = [h["actor/is_weight_mean"] for h in result.history]
     assert abs(weights[0] - 1.0) < 1e-3 and all(0.8 < w < 1.2 for w in weights), weights   # step 0 is on-policy
     rise = heldout_rise(result.evals[0], result.evals[-1], result.heldout_users)
     assert rise["ci_low"] > 0 and rise["rise"] > 0.2, (rise, [loggable(e) for e in result.evals])
+
+
+@pytest.mark.timeout(1800)
+def test_colocated_layout_learns_as_the_split_one(shipped_run):
+    """The hybrid engine on CPU: grpo_tiny with each rollout engine in its learner rank's bundle, sleeping during the
+    update and waking for the transfer (vLLM's sleep and wake are no-ops on CPU; the hf engine has nothing to free
+    there), learns exactly what the split layout learns on the same seed: the held-out reward of every prompt at
+    every evaluation, hence a paired difference of 0 with its user-resampled CI."""
+    from workers.controller import PER_PROMPT, heldout_rise
+
+    split, colocated = shipped_run("grpo_tiny.yaml"), shipped_run("grpo_tiny.yaml", "train.layout=colocated")
+    placement = json.loads((colocated.run_dir / "placement.json").read_text())
+    assert placement["rollout"] == placement["learner"]
+    phases = [k for k in colocated.history[0] if k.startswith("time/")]
+    assert phases.index("time/rollout_s") < phases.index("time/sleep_s") < phases.index("time/update_s") \
+        < phases.index("time/wake_s") < phases.index("time/weight_sync_s")
+    for a, b in zip(colocated.evals, split.evals):
+        assert a[PER_PROMPT] == b[PER_PROMPT], a["step"]
+    paired = heldout_rise(split.evals[-1], colocated.evals[-1], colocated.heldout_users)
+    assert (paired["rise"], paired["ci_low"], paired["ci_high"]) == (0.0, 0.0, 0.0)
 
 
 def result_name(recipe_file: str) -> str:

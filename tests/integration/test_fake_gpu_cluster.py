@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -93,22 +94,26 @@ def schedule_phase(members: list, timeout_s: float) -> dict:
     remote = ray.remote(Dummy)
     t0 = time.perf_counter()
     actors, refs, rows, pgs = [], [], [], []
-    for g in members:
+    group_pgs: dict = {}
+    # a colocated group (the hybrid engine's rollout) runs in its host group's bundles: the host first
+    for g in sorted(members, key=lambda g: g.colocated_with is not None):
         pg = placement_group([dict(b) for b in g.bundles], strategy=g.placement_group) if g.placement_group else None
         if pg is not None:
             pgs.append(pg)
-        for i, bundle in enumerate(g.bundles):
-            custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
-            options = {"num_cpus": bundle["CPU"], "num_gpus": bundle.get("GPU", 0.0),
-                       **({"resources": custom} if custom else {})}
+            group_pgs[g.name] = pg
+        if g.colocated_with:
+            pg = group_pgs[g.colocated_with]
+        for i in range(g.count if g.colocated_with else len(g.bundles)):
+            options = g.options()   # inside a shared bundle, each actor's own part
             if pg is not None:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     placement_group=pg, placement_group_bundle_index=i)
             actor = remote.options(**options).remote()
             actors.append(actor)
             refs.append(actor.ready.remote())
-            rows.append({"group": g.name, "bundle": bundle, "engine_gpus": g.engine_gpus,
-                         "placement_group": g.placement_group})
+            rows.append({"group": g.name, "bundle": dict(g.bundle), "asks_gpus": options["num_gpus"],
+                         "engine_gpus": g.engine_gpus, "placement_group": g.placement_group,
+                         "colocated_with": g.colocated_with, "index": i})
     done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
     done_set = set(done)
     for ref, row in zip(refs, rows):
@@ -174,10 +179,13 @@ def test_gpu_recipes_schedule_on_a_fake_two_node_gpu_cluster(tmp_path):
         pending = [a["group"] for a in actors if a.get("pending")]
         assert not pending, f"{where}: still pending after {READY_TIMEOUT_S:.0f} s: {pending}"
         assert set(phase["placement_groups"]) <= {"CREATED"}, (where, phase["placement_groups"])
-        handed = [(a["node"], gpu) for a in actors for gpu in a["gpus"]]
+        handed = [(a["node"], gpu) for a in actors for gpu in a["gpus"] if not a["colocated_with"]]
         assert len(handed) == len(set(handed)), f"{where}: a GPU handed to two actors"
         for a in actors:
-            assert len(a["gpus"]) == int(a["bundle"].get("GPU", 0)), (where, a)
+            assert len(a["gpus"]) == math.ceil(a["asks_gpus"]), (where, a)
+            if a["colocated_with"]:   # the hybrid engine: on its learner rank's node and GPU
+                [host] = [h for h in actors if h["group"] == a["colocated_with"] and h["index"] == a["index"]]
+                assert (a["node"], a["gpus"]) == (host["node"], host["gpus"]), (where, a, host)
             if a["engine_gpus"] > 1:   # tensor parallelism: all of the engine's GPUs in its own actor, one node
                 assert len(a["gpus"]) == a["engine_gpus"], (where, a)
         learners = [a for a in actors if a["group"].endswith("learner")]

@@ -4,6 +4,7 @@ parameter counts match the models' published sizes."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -39,8 +40,11 @@ def test_every_gpu_recipe_fits_two_nodes_of_eight_80gb_gpus(recipe):
     assert "fits 2 node(s) x 8 GPUs x 80 GiB" in res.output
 
 
+SPLIT = ("--set", "train.layout=split", "--set", "train.rollout_workers=2", "--set", "train.rollout_num_gpus=1")
+
+
 def test_ppo_recipe_plan_places_every_actor_and_prices_the_weight_sync():
-    res = plan("recipes/gpu/ppo_personalized.yaml", *CLUSTER_2x8)
+    res = plan("recipes/gpu/ppo_personalized.yaml", *CLUSTER_2x8, *SPLIT)
     assert res.exit_code == 0, res.output
     assert "train: 10 of 16 GPUs" in res.output
     for actor in ("reward worker 0-1", "rollout worker 0-1", "learner rank 0", "learner rank 1-3", "driver"):
@@ -50,13 +54,26 @@ def test_ppo_recipe_plan_places_every_actor_and_prices_the_weight_sync():
     assert "GB/s (assumed:" in res.output
 
 
+def test_the_colocated_recipe_puts_each_engine_on_its_learner_ranks_gpu():
+    """The recipe's default layout: 8 GPUs instead of 10, each learner rank's GPU holding at its peak the larger of
+    the update (the rank's peak and the sleeping engine's context) and the rollout (the rank's states and the awake
+    engine's budget), as the plan's detail line states."""
+    res = plan("recipes/gpu/ppo_personalized.yaml", *CLUSTER_2x8)
+    assert res.exit_code == 0, res.output
+    assert "train: 8 of 16 GPUs" in res.output and "learner rank + rollout worker 0" in res.output
+    detail = next(line for line in res.output.splitlines() if "colocated on the learner ranks' GPUs" in line)
+    update, rollout = (float(x) for x in re.findall(r"(?:update|rollout) ([\d.]+) GiB", detail))
+    row = next(line for line in res.output.splitlines() if "learner rank + rollout worker 1-3" in line)
+    assert f"{max(update, rollout):.1f}" in row and rollout > update   # the awake engine's budget decides here
+
+
 def test_too_small_cluster_is_refused_naming_the_gpus_and_the_actors():
     res = plan("recipes/gpu/ppo_personalized.yaml", "--nodes", "1", "--gpus-per-node", "2", "--gpu-mem-gb", "24",
                "--host-mem-gb", "64")
     assert res.exit_code == 2, res.output
     assert "does not fit 1 node(s) x 2 GPUs x 24 GiB" in res.stderr
-    assert "GPUs: train needs 10 GPUs on 1 node(s) x 2; not placed:" in res.stderr
-    assert "learner rank 0-3 (1 GPU each)" in res.stderr
+    assert "GPUs: train needs 8 GPUs on 1 node(s) x 2; not placed:" in res.stderr
+    assert "learner rank + rollout worker 0-3 (1 GPU each)" in res.stderr
 
 
 def test_gpu_memory_and_host_memory_are_refused_per_node_naming_the_actor():
@@ -84,7 +101,7 @@ def test_vllm_weights_over_the_engine_budget_and_a_gpu_engine_without_gpus_are_r
     assert res.exit_code == 2, res.output
     assert "reward.judge: vLLM weights 7.6 GiB per GPU" in res.stderr
     assert "field reward.judge.gpu_memory_utilization" in res.stderr
-    res = plan("recipes/gpu/ppo_personalized.yaml", *CLUSTER_2x8, "--set", "train.rollout_num_gpus=0")
+    res = plan("recipes/gpu/ppo_personalized.yaml", *CLUSTER_2x8, *SPLIT[:-2], "--set", "train.rollout_num_gpus=0")
     assert res.exit_code == 2 and "asks Ray for no GPU" in res.stderr and "train.rollout_num_gpus" in res.stderr
 
 
@@ -215,7 +232,10 @@ def test_the_plan_places_the_actors_the_pre_flight_check_checks(path):
         for actor in phase.actors:
             if actor.name != "driver":   # the job's own driver, which every phase has
                 planned.setdefault(_base(actor.name), []).append(actor.gpus)
-        declared = {g.actor: [g.gpus] * g.count for g in checked if g.phase == phase.name and g.role != "driver"}
+        members = [g for g in checked if g.phase == phase.name and g.role != "driver"]
+        colocated = {g.colocated_with: g.actor for g in members if g.colocated_with}   # planned as one actor
+        declared = {(f"{g.actor} + {colocated[g.name]}" if g.name in colocated else g.actor): [g.gpus] * g.count
+                    for g in members if not g.colocated_with}
         in_driver = {g.actor for g in checked if g.phase == phase.name and g.role == "driver"}
         assert {k: v for k, v in planned.items() if k not in in_driver} == declared, phase.name
         assert in_driver <= set(planned), phase.name

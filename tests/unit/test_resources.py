@@ -36,6 +36,9 @@ def kuberay_nodes() -> list[dict[str, float]]:
     return nodes
 
 
+SPLIT = ("train.layout=split", "train.rollout_workers=2", "train.rollout_num_gpus=1")   # ppo_personalized, split
+
+
 def gpu_recipe(name: str, *overrides: str):
     return load_recipe(GPU / f"{name}.yaml", list(overrides))
 
@@ -46,7 +49,7 @@ def test_every_gpu_recipe_fits_two_8_gpu_nodes():
     assert [n.get("GPU", 0) for n in nodes] == [0, 8, 8]
     for name, command in COMMAND.items():
         groups = check(gpu_recipe(name), command, nodes)
-        assert groups and all(g.bundles for g in groups), name
+        assert groups and all(g.bundles or g.colocated_with for g in groups), name
 
 
 def test_rollout_tp_must_equal_the_rollout_workers_gpus():
@@ -55,7 +58,7 @@ def test_rollout_tp_must_equal_the_rollout_workers_gpus():
     assert "pgenrm.rollout.tensor_parallel_size is 2" in str(err.value) and "pgenrm.rollout_num_gpus is 1" in \
         str(err.value)
     with pytest.raises(ResourceError, match=r"train.rollout.tensor_parallel_size is 2.*train.rollout_num_gpus is 1"):
-        check(gpu_recipe("ppo_personalized", "train.rollout.tensor_parallel_size=2"), "train")
+        check(gpu_recipe("ppo_personalized", *SPLIT, "train.rollout.tensor_parallel_size=2"), "train")
     # the reward workers' judge likewise, and a GPU engine in an actor holding no GPU
     with pytest.raises(ResourceError, match=r"reward.judge.tensor_parallel_size is 2.*reward.pool.num_gpus is 1"):
         check(gpu_recipe("ppo_personalized", "reward.pool.num_gpus=1"), "train")
@@ -87,7 +90,7 @@ def test_a_phase_larger_than_the_cluster_is_refused():
         check(gpu_recipe("pgenrm_pipeline"), "pgenrm", one_node)
     with pytest.raises(ClusterFitError, match=r"^train: .* CPU 12 \(train.learner.num_cpus_per_worker: 4 x 0.5, "
                                               r"train.rollout_num_cpus: 2 x 1, reward.pool.num_cpus: 2 x 4\)"):
-        check(gpu_recipe("ppo_personalized"), "train", [{"CPU": 8.0, "GPU": 8.0}, {"CPU": 2.0, "GPU": 8.0}])
+        check(gpu_recipe("ppo_personalized", *SPLIT), "train", [{"CPU": 8.0, "GPU": 8.0}, {"CPU": 2.0, "GPU": 8.0}])
     # phases run one after the other: bon's pool and its scoring pools never add up
     check(gpu_recipe("bon_sweep"), "bon", [{"CPU": 4.0, "GPU": 1.0}])
     # custom resources count too
@@ -105,7 +108,7 @@ def test_placement_strategies():
 
 
 def test_groups_mirror_the_drivers():
-    groups = {g.name: g for g in declare(gpu_recipe("ppo_personalized"), "train")}
+    groups = {g.name: g for g in declare(gpu_recipe("ppo_personalized", *SPLIT), "train")}
     assert {name: (len(g.bundles), g.bundles[0], g.placement_group, g.engine_gpus) for name, g in groups.items()} == {
         "train.learner": (4, {"CPU": 0.5, "GPU": 1.0}, "PACK", 0),
         "train.rollout workers": (2, {"CPU": 1.0, "GPU": 1.0}, "PACK", 1),
@@ -182,3 +185,22 @@ def test_bon_phases_follow_the_driver_downstream_judge_first():
     phases = list(dict.fromkeys(g.phase for g in check(gpu_recipe("bon_sweep"), "bon")))
     names = list(gpu_recipe("bon_sweep").bon.reward_models)
     assert phases == ["bon generate", "bon score downstream", *[f"bon score {n}" for n in names]]
+
+
+def test_a_colocated_rollout_shares_the_learner_ranks_bundles():
+    """layout colocated: each learner rank's bundle also holds one engine (its CPUs added, the rank's GPU shared:
+    the engine asks for rollout_num_gpus of it, the rank for the rest); the rollout group reserves nothing of its
+    own, so the run needs the learner's GPUs only."""
+    split = {g.role: g for g in check(gpu_recipe("ppo_personalized", *SPLIT), "train", kuberay_nodes())}
+    recipe = gpu_recipe("ppo_personalized")   # colocated, 4 engines with 0.4 of their rank's GPU each
+    groups = {g.role: g for g in check(recipe, "train", kuberay_nodes())}
+    learner, rollout = groups["learner"], groups["rollout"]
+    train = recipe.train
+    assert learner.bundle == {"CPU": train.learner.num_cpus_per_worker + train.rollout_num_cpus, "GPU": 1.0}
+    assert learner.options()["num_gpus"] == pytest.approx(0.6) and rollout.options()["num_gpus"] == 0.4
+    assert rollout.colocated_with == "train.learner" and rollout.bundles == () and rollout.total() == {}
+    gpus = sum(g.total().get("GPU", 0.0) for g in groups.values())
+    assert gpus == sum(g.total().get("GPU", 0.0) for g in split.values()) - split["rollout"].total()["GPU"]
+    cpu_recipe = load_recipe(ROOT / "recipes" / "grpo_tiny.yaml", ["train.layout=colocated"])
+    [learner] = [g for g in declare(cpu_recipe, "train") if g.role == "learner"]
+    assert learner.bundle == {"CPU": cpu_recipe.train.learner.num_cpus_per_worker + cpu_recipe.train.rollout_num_cpus}

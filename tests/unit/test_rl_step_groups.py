@@ -90,3 +90,55 @@ def test_one_step_off_needs_the_raw_distribution_and_no_refill():
         rl_loop.rl_step(None, [], RLConfig(rollout_mode="one_step_off"), [SimpleNamespace(messages=["a"])],
                         lambda p, g: (np.zeros(0), {}), 0, 0, refill=lambda r, c: ([], []), refill_rounds=1,
                         pipeline=rl_loop.OneStepOff([], 0))
+
+
+def test_colocated_step_runs_rollout_sleep_update_wake_transfer_wake(monkeypatch):
+    """The hybrid engine's order within a step: the samples are drawn and scored, the engines sleep, the learner
+    updates, the engines wake their weights, take the new ones, then wake their KV cache for the next rollout."""
+    events = []
+
+    def fake_generate(rollouts, messages, params):
+        events.append("rollout")
+        return [SimpleNamespace(error=None, prompt_token_ids=[7], samples=[SimpleNamespace(token_ids=[1, j])
+                                                                           for j in range(params.n)])
+                for _ in messages]
+
+    def fake_update(learner, cfg, prompt_ids, response_ids, rewards, group, timer, behaviour_logprobs=None):
+        events.append("update")
+        import torch
+        return {}, torch.tensor([len(r) for r in response_ids])
+
+    class Engines(rl_loop.Colocated):
+        def _all(self, method, *args):
+            events.append(f"{method}{args}")
+
+    monkeypatch.setattr(rl_loop, "generate_sharded", fake_generate)
+    monkeypatch.setattr(rl_loop, "policy_update", fake_update)
+    monkeypatch.setattr(rl_loop, "sync_weights", lambda *a: events.append("transfer"))
+
+    def reward_fn(prompts, gens):
+        events.append("reward")
+        return np.arange(sum(len(g.samples) for g in gens), dtype=float), {}
+
+    colocated = Engines([], level=2)
+    metrics = rl_loop.rl_step(None, [], RLConfig(group_size=2, layout="colocated"),
+                              [SimpleNamespace(messages=["a"])], reward_fn, 0, 0, colocated=colocated)
+    assert events == ["rollout", "reward", "sleep(2,)", "update", "wake_up(['weights'],)", "transfer",
+                      "wake_up(['kv_cache'],)"]
+    assert colocated.log == ["sleep", "wake weights", "wake kv_cache"]
+    assert {"time/sleep_s", "time/wake_s", "time/weight_sync_s"} <= set(metrics)
+    with pytest.raises(ValueError, match="one step off"):
+        rl_loop.rl_step(None, [], RLConfig(group_size=2), [SimpleNamespace(messages=["a"])], reward_fn, 0, 0,
+                        colocated=colocated, pipeline=rl_loop.OneStepOff([], 0))
+
+
+def test_colocated_layout_refusals():
+    """One engine per learner rank, tensor parallel 1, the sequential step, and a GPU share the rank can spare."""
+    assert RLConfig(layout="colocated").layout == "colocated"
+    for bad, match in (({"rollout_mode": "one_step_off"}, "split layout"),
+                       ({"rollout_workers": 2}, "must equal learner.world_size"),
+                       ({"rollout": {"backend": "vllm", "model": "tiny", "tensor_parallel_size": 2}},
+                        "tensor_parallel_size 1"),
+                       ({"rollout_num_gpus": 1.0}, "below learner.num_gpus_per_worker")):
+        with pytest.raises(ValueError, match=match):
+            RLConfig(layout="colocated", **bad)

@@ -29,19 +29,23 @@ class LearnerGroup:
 
     def __init__(self, config: LearnerConfig | Mapping[str, Any], *, name: str | None = None,
                  ready_timeout_s: float = 300.0, runtime_env: dict[str, Any] | None = None,
-                 worker_cls: type[LearnerWorker] = LearnerWorker) -> None:
-        """``worker_cls``: the rank's class (a subclass of ``LearnerWorker``; tests inject faults through one)."""
+                 worker_cls: type[LearnerWorker] = LearnerWorker, colocated: Mapping[str, float] | None = None
+                 ) -> None:
+        """``worker_cls``: the rank's class (a subclass of ``LearnerWorker``; tests inject faults through one).
+        ``colocated``: the Ray bundle of an actor that each rank's bundle also hosts (the colocated rollout engine,
+        scheduled by the caller into ``placement_group`` bundle r)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.config = config if isinstance(config, LearnerConfig) else LearnerConfig.model_validate(config)
         cfg = self.config
         self.world_size = cfg.world_size
-        group = learner_group(cfg, ray.cluster_resources().get("GPU", 0.0))   # the ranks as declared
+        group = learner_group(cfg, ray.cluster_resources().get("GPU", 0.0), colocated=colocated)   # as declared
         self._pg = reserve_bundles(list(group.bundles), group.placement_group, "learner", ready_timeout_s)
         remote_cls = ray.remote(worker_cls)
         # the custom resources stay in the placement group's bundle: the ranks run inside it
-        options: dict[str, Any] = {"num_cpus": group.bundle["CPU"], "num_gpus": group.gpus}
+        own = group.options()
+        options: dict[str, Any] = {"num_cpus": own["num_cpus"], "num_gpus": own["num_gpus"]}
         if runtime_env:
             options["runtime_env"] = runtime_env
         self.workers = [
@@ -59,6 +63,11 @@ class LearnerGroup:
         except Exception:
             self.shutdown()
             raise
+
+    @property
+    def placement_group(self) -> Any:
+        """The ranks' placement group (bundle r: rank r, and the actor colocated with it)."""
+        return self._pg
 
     # -------------------------------------------------------------------------------------------- fan out
     def _call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
