@@ -8,7 +8,8 @@
 #     the GPU (gloo-staged, since the engine shares the learner's GPU and NCCL refuses two ranks on one device),
 #     time/weight_sync_s > 0; with two or more GPUs a second run syncs over vLLM's own nccl engine (learner on one
 #     GPU, vLLM on another),
-# the same with the one-step-off rollout (generation overlapping the update, staleness 1 after the first step),
+# the same with the one-step-off rollout (generation overlapping the update, staleness 1 after the first step) and
+# colocated (the hybrid engine: vLLM sleeping in the learner rank's bundle during the update),
 # then one P-GenRM-sized check: the learner picks flash-attn when installed. Prints what it found; exit 0 = pass.
 #   bash bench/gpu_smoke.sh            # from the repository root, with .venv holding the GPU extras
 set -euo pipefail
@@ -45,12 +46,16 @@ sync = [h["time/weight_sync_s"] for h in history]
 assert all(s > 0 for s in sync), sync
 if "rollout/staleness" in history[0]:   # one step off: each step after the first trains on the previous weights' samples
     assert [h["rollout/staleness"] for h in history] == [0.0] + [1.0] * (steps - 1), history
+if "time/sleep_s" in history[0]:   # colocated: the engine slept and woke around every update
+    assert all(h["time/sleep_s"] > 0 and h["time/wake_s"] > 0 for h in history), history
 print(f"GRPO on GPU ({run}): {steps} steps, weight sync {', '.join(f'{s:.2f}' for s in sync)} s, "
       f"reward {history[-1].get('reward/mean')}")
 PY
 }
 grpo run 3 0.5 480 --set train.rollout.weight_transfer=gloo   # one GPU shared: the gloo engine
 grpo run_async 3 0.5 240 --set train.rollout.weight_transfer=gloo --set train.rollout_mode=one_step_off
+# the hybrid engine: vLLM in the learner rank's bundle on the same GPU, asleep during the update (sleep mode on)
+grpo run_colocated 3 1 240 --set train.layout=colocated --set train.rollout_num_gpus=0.4
 if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
   grpo run_nccl 2 1 300   # vLLM's nccl engine: the learner and the engine on a GPU each
 else

@@ -28,6 +28,7 @@ class Actor:
     host_bytes: float
     driver: bool = False      # runs in the job's driver process
     resident_bytes: float = 0.0   # a learner rank: what stays on its GPU between updates (states, reserve)
+    phase_bytes: dict[str, float] = field(default_factory=dict)   # colocated: its GPU at each phase's peak
 
 
 @dataclass
@@ -284,6 +285,7 @@ def colocate(phase: Phase, built: tuple[list[Actor], Group], host_actor: str) ->
         asleep = CUDA_RESERVE_GIB * GIB if engine.gpus else 0.0
         update, rollout = rank.gpu_bytes + asleep, rank.resident_bytes + engine.gpu_bytes
         rank.gpu_bytes = max(update, rollout)
+        rank.phase_bytes = {"update": update, "rollout": rollout}
         rank.host_bytes += engine.host_bytes
         rank.name = f"{host_actor} + {engine.name.rpartition(' ')[0]} {i}"   # one group: "learner rank + ... 0-3"
         merged.append((update, rollout))

@@ -6,7 +6,7 @@ GPU), one of them tensor-parallel over 2 worker processes. After a sync each eng
 log-probs equal those of an HF model holding the learner's weights (exported), also after more training and a second
 sync; the driver never puts a model tensor in the object store nor receives one. A sync that fails midway (a shape
 error in the second bucket) fails on every learner rank naming the tensor, leaves every engine serving its previous
-weights, and the next sync works."""
+weights, and the next sync works. The colocated layout's sleep / wake / sync order runs on the same engines."""
 import dataclasses
 import time
 
@@ -153,6 +153,23 @@ def test_sync_gives_every_engine_the_learners_weights_without_the_driver(setup, 
     teach(learner, prompt_ids, [707, 808, 909, 1001, 1102, 1203], 60)   # unlearning the first target takes longer
     learner.push_weights(rollouts, 2)
     check(rollouts, learner, tmp_path, 2, [707, 808, 909, 1001, 1102, 1203])
+
+
+def test_the_colocated_phases_sleep_wake_and_sync_through_vllms_api(setup, tmp_path):
+    """The hybrid engine's calls on the real engines (vLLM's multiprocess engine core; sleep and wake are vLLM's
+    own API, no-ops in its CPU worker): asleep while the learner trains, weights woken, the new weights synced, the
+    KV cache woken; every engine then answers as the learner does."""
+    from workers.rl_loop import Colocated
+
+    rollouts, learner, prompt_ids = setup
+    engines = Colocated(rollouts, level=1)
+    engines.sleep()
+    teach(learner, prompt_ids, [121, 232, 343, 454, 565, 676], 150)
+    engines.wake(["weights"])
+    learner.push_weights(rollouts, 5)
+    engines.wake(["kv_cache"])
+    assert engines.log == ["sleep", "wake weights", "wake kv_cache"]
+    check(rollouts, learner, tmp_path, 5, [121, 232, 343, 454, 565, 676])
 
 
 def test_a_sync_failing_midway_keeps_every_engines_weights_and_the_next_sync_works(setup, tmp_path):

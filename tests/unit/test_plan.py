@@ -264,3 +264,31 @@ def test_device_auto_is_one_rule_a_gpu_where_the_cluster_has_gpus():
     phases, _, _ = recipe_phases(on_cpu, Models(), 80.0, 8)
     assert all(a.gpus == 0.0 and a.gpu_bytes == 0 for a in phases[0].actors if a.name.startswith("learner rank"))
     assert learner_gpus(check(on_cpu, "train", [{"CPU": 16.0, "GPU": 8.0}])) == 0.0
+
+
+def test_plan_shows_both_layouts_per_phase_and_chooses_one():
+    """A GPU RL recipe's plan compares split and colocated on the cluster given: per phase the GPUs busy, the memory
+    per GPU at its peak and an estimated time (the update's by hand from its FLOPs), and picks the layout with the
+    most samples per GPU-second, saying why."""
+    from pr_rlhf.configs.recipe import load_recipe
+    from pr_rlhf.planning import make_plan
+    from pr_rlhf.planning.layouts import MFU, PEAK_TFLOPS, PROMPT_SHARE, choose, estimate
+
+    res = plan("recipes/gpu/ppo_personalized.yaml", *CLUSTER_2x8)
+    assert res.exit_code == 0, res.output
+    assert "train, both layouts" in res.output and "layout chosen: colocated" in res.output
+    recipe = load_recipe(ROOT / "recipes" / "gpu" / "ppo_personalized.yaml")
+    models = Models()
+
+    def plan_of(run):
+        return make_plan(run, "ppo", 2, 8, 80.0, 1000.0)
+
+    split, colocated = (estimate(recipe, layout, plan_of, models) for layout in ("split", "colocated"))
+    assert (split.gpus, colocated.gpus) == (6, 4)   # 4 ranks + 2 engines; 4 ranks hosting 4 engines
+    assert colocated.phases["rollout"][1] > colocated.phases["update"][1]   # the awake engine beside the states
+    train = recipe.train
+    tokens = train.prompts_per_step * train.group_size * PROMPT_SHARE * train.rollout.max_model_len
+    flops = models.get(train.learner.model).params() * tokens * (6 + 8)   # PPO: one epoch, a critic, no KL
+    assert colocated.phases["update"][2] == pytest.approx(flops / (4 * PEAK_TFLOPS * 1e12 * MFU))
+    best, why = choose([split, colocated])
+    assert best is colocated and colocated.utilization > split.utilization and "split" in why

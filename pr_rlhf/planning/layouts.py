@@ -1,0 +1,128 @@
+"""`pr-rlhf plan`'s two layouts of an RL run (``train.layout``): split (rollout engines on GPUs of their own) and
+colocated (one engine on each learner rank's GPU, asleep during the update), each planned on the cluster given, with
+per phase the GPUs busy, the memory per GPU at the phase's peak and an estimated time, and the layout the plan would
+choose.
+
+The times are estimates from stated assumptions, not measurements: decoding is memory-bound (each decode step of an
+engine reads its weights once for the whole batch), the update is compute-bound (6 FLOPs per parameter and token for
+forward and backward, 2 for each extra forward: the proximal log-probs, the reference, the critic's values), the
+colocated engine's sleep level 1 moves its weights to host memory and back over PCIe, and its weight transfer is
+staged through host memory (gloo); the split layout's goes over NVLink or the network (``sync_line``). The reward is
+scored on its own pool in both layouts and is left out of the comparison.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pr_rlhf.configs.recipe import Recipe
+from pr_rlhf.planning.models import DTYPE_BYTES, Models
+
+HBM_GB_S = 3350.0          # an H100 SXM's memory bandwidth
+DECODE_EFFICIENCY = 0.5    # share of it a decode step reaches (KV reads, kernel launches)
+PEAK_TFLOPS = 989.0        # bf16 dense, H100 SXM
+MFU = 0.35                 # share of it an FSDP2 update reaches
+PCIE_GB_S = 25.0           # host <-> GPU, one direction
+DECODE_BATCH = 256         # sequences one engine decodes together
+PROMPT_SHARE = 0.5         # a sequence's mean length, as a share of rollout.max_model_len
+ASSUMPTIONS = (f"decode memory-bound at {DECODE_EFFICIENCY:g} x {HBM_GB_S:g} GB/s, {DECODE_BATCH} sequences per "
+               f"engine batch; update at {MFU:g} x {PEAK_TFLOPS:g} TFLOPS (6 FLOPs per parameter and token, +2 per "
+               f"extra forward, +8 a critic); sequences of {PROMPT_SHARE:g} x rollout.max_model_len tokens; "
+               f"colocated: sleep level 1 moves the weights over PCIe ({PCIE_GB_S:g} GB/s) both ways, the transfer "
+               "staged through host memory; split: the transfer at 100 GB/s; layout variants: colocated one engine "
+               "per rank with 0.4 of its GPU, split one engine per two ranks (pr_rlhf/planning/layouts.py)")
+
+
+@dataclass
+class LayoutEstimate:
+    layout: str
+    fits: bool
+    problems: list[str]
+    gpus: float                        # GPUs the run holds (learner, rollout; the reward pool apart)
+    phases: dict[str, tuple[float, float, float]]   # phase -> (GPUs busy, GiB per GPU at its peak, seconds)
+    step_s: float
+    samples: int
+
+    @property
+    def utilization(self) -> float:
+        """GPU-seconds spent generating or updating over the GPU-seconds held in a step."""
+        busy = sum(self.phases[p][0] * self.phases[p][2] for p in ("rollout", "update"))
+        return busy / (self.gpus * self.step_s) if self.gpus and self.step_s else 0.0
+
+    @property
+    def samples_per_gpu_s(self) -> float:
+        return self.samples / (self.gpus * self.step_s) if self.gpus and self.step_s else 0.0
+
+
+def variant(recipe: Recipe, layout: str) -> Recipe:
+    """The recipe in ``layout``: as written when it is already; colocated, one engine per learner rank taking 0.4 of
+    its GPU; split from colocated, one engine per two ranks on a GPU of its own (``tensor_parallel_size`` GPUs)."""
+    train = recipe.train
+    if train.layout == layout:
+        return recipe
+    if layout == "colocated":
+        update = {"layout": "colocated", "rollout_workers": train.learner.world_size, "rollout_mode": "sync",
+                  "rollout_num_gpus": 0.4 if train.rollout_num_gpus else 0.0}
+    else:
+        update = {"layout": "split", "rollout_workers": max(1, train.learner.world_size // 2),
+                  "rollout_num_gpus": float(getattr(train.rollout, "tensor_parallel_size", 1))
+                  if train.rollout_num_gpus else 0.0}
+    return recipe.model_copy(update={"train": train.model_copy(update=update)})
+
+
+def estimate(recipe: Recipe, layout: str, plan_of, models: Models) -> LayoutEstimate:
+    """``plan_of(recipe)``: :func:`pr_rlhf.planning.placement.make_plan` on the cluster given."""
+    run = variant(recipe, layout)
+    train = run.train
+    plan = plan_of(run)
+    phase = next(p for p in plan.phases if any(x.actor.name.startswith("learner rank") for x in p.placed))
+    learners = [p.actor for p in phase.placed if p.actor.name.startswith("learner rank")]
+    engines = [p.actor for p in phase.placed if p.actor.name.startswith("rollout worker")]
+    arch = models.get(train.learner.model)
+    params = arch.params() if arch else 0.0
+    b = DTYPE_BYTES.get(getattr(train.rollout, "dtype", "bfloat16"), 2)
+    tp = getattr(train.rollout, "tensor_parallel_size", 1)
+    samples = train.prompts_per_step * train.group_size
+    n_engines = train.rollout_workers
+    batches = math.ceil(samples / n_engines / DECODE_BATCH)
+    rollout_s = train.max_tokens * batches * (b * params / tp) / (HBM_GB_S * 1e9 * DECODE_EFFICIENCY)
+    tokens = samples * PROMPT_SHARE * train.rollout.max_model_len
+    lcfg = train.learner
+    flops = params * tokens * (6 * lcfg.ppo_epochs + 2 * (not lcfg.single_update(samples))
+                               + 2 * (lcfg.kl.coef > 0) + 8 * lcfg.critic.enabled)
+    learner_gpus = sum(a.gpus for a in learners)
+    update_s = flops / (max(learner_gpus, 1) * PEAK_TFLOPS * 1e12 * MFU)
+    weights = b * params * n_engines
+    colocated = layout == "colocated"
+    sync_s = weights / ((PCIE_GB_S if colocated else 100.0) * 1e9) * (2 if colocated else 1)
+    sleep_s = 2 * b * params / (PCIE_GB_S * 1e9) if colocated and train.sleep_level == 1 else 0.0
+    gib = 2 ** 30
+    if colocated:
+        peaks = [getattr(a, "phase_bytes", {}) for a in learners]
+        roll_mem = max((p.get("rollout", 0.0) for p in peaks), default=0.0) / gib
+        upd_mem = max((p.get("update", 0.0) for p in peaks), default=0.0) / gib
+        gpus, rollout_gpus = learner_gpus, learner_gpus
+    else:
+        roll_mem = max((a.gpu_bytes for a in engines), default=0.0) / gib
+        upd_mem = max((a.gpu_bytes for a in learners), default=0.0) / gib
+        rollout_gpus = sum(max(a.gpus, tp) if a.gpus else 0.0 for a in engines)
+        gpus = learner_gpus + rollout_gpus
+    phases = {"rollout": (rollout_gpus, roll_mem, rollout_s), "update": (learner_gpus, upd_mem, update_s),
+              "sync": (gpus, 0.0, sync_s + sleep_s)}
+    step = rollout_s + update_s + sync_s + sleep_s
+    if train.rollout_mode == "one_step_off":
+        step = max(rollout_s, update_s) + sync_s
+    return LayoutEstimate(layout, plan.fits, plan.problems, gpus, phases, step, samples)
+
+
+def choose(estimates: list[LayoutEstimate]) -> tuple[LayoutEstimate | None, str]:
+    """The layout that fits with the most samples per GPU-second, and why in one sentence."""
+    fitting = [e for e in estimates if e.fits]
+    if not fitting:
+        return None, "neither layout fits this cluster"
+    best = max(fitting, key=lambda e: e.samples_per_gpu_s)
+    others = [e for e in estimates if e is not best]
+    why = "; ".join(f"{e.layout} {'does not fit' if not e.fits else f'{e.samples_per_gpu_s:.3g} samples/s per GPU'}"
+                    for e in others)
+    return best, (f"{best.layout}: {best.samples_per_gpu_s:.3g} samples/s per GPU on {best.gpus:g} GPUs, "
+                  f"{best.utilization:.0%} of their time busy ({why})")
