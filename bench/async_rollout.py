@@ -42,7 +42,6 @@ def measure(args: argparse.Namespace) -> common.Result:
     steps = 1 if args.quick else args.steps
     t_start = time.perf_counter()
     fields: dict[str, object] = {}
-    results: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="async-bench-") as tmp:
         info = workload.prepare(Path(tmp), steps + 1, sizes)
         common.header(model=", ".join(f"{s}: random-init Qwen2 of {info['params'][s] / 1e6:.2f}M params"
@@ -69,11 +68,7 @@ def measure(args: argparse.Namespace) -> common.Result:
                   f"{out['one_step_off']['completions_per_s'] / out['sync']['completions_per_s']:.2f}x", flush=True)
             return out
 
-        results["tiny"] = size_results("tiny")
-        for size in sizes[1:]:
-            measured = common.optional_part(fields, f"size_{size}", lambda s=size: size_results(s))
-            if measured is not None:
-                results[size] = measured
+        results = common.by_size(fields, sizes, size_results)
 
     def cps(size: str, mode: str) -> float:
         return results[size][mode]["completions_per_s"]

@@ -103,6 +103,17 @@ def optional_part(fields: dict[str, object], key: str, fn: Callable[[], T]) -> T
         return None
 
 
+def by_size(fields: dict[str, object], sizes: list[str], measure: Callable[[str], T]) -> dict[str, T]:
+    """``measure(size)`` for each size: the first is the benchmark's core (its failure fails the benchmark), the
+    others optional parts (``size_<size>`` in ``fields`` when one fails, left out of the result)."""
+    results = {sizes[0]: measure(sizes[0])}
+    for size in sizes[1:]:
+        measured = optional_part(fields, f"size_{size}", lambda s=size: measure(s))
+        if measured is not None:
+            results[size] = measured
+    return results
+
+
 def run(name: str, measure: Callable[[], Result]) -> None:
     """Run ``measure`` and end stdout with its ``BENCH`` line, also when it raises (then the traceback goes to
     stderr, the line says ``failed=<reason> ratio=nan`` and the process exits 1)."""

@@ -407,7 +407,6 @@ def measure(args: argparse.Namespace) -> common.Result:
     sizes = ["tiny"] if args.quick else ["tiny", "25m"]
     t_start = time.perf_counter()
     fields: dict[str, object] = {}
-    results: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
         args.workdir = tmp
         info = prepare(Path(tmp), args.steps + 1, sizes)
@@ -419,11 +418,7 @@ def measure(args: argparse.Namespace) -> common.Result:
                       settings=f"{args.steps} measured steps after 1 warm-up, micro-batch {args.micro_batch}, "
                                f"{THREADS} torch threads, our learner strategy {args.strategy!r}, our rollout "
                                f"{args.rollout_mode}")
-        results["tiny"] = measure_size(args, "tiny", info)   # the first size is the benchmark's core
-        for size in sizes[1:]:
-            measured = common.optional_part(fields, f"size_{size}", lambda s=size: measure_size(args, s, info))
-            if measured is not None:
-                results[size] = measured
+        results = common.by_size(fields, sizes, lambda size: measure_size(args, size, info))
 
     def cps(size: str, side: str) -> float:
         return results[size][side]["completions_per_s"]

@@ -159,6 +159,18 @@ def rollout_group(section: RLConfig | PGenRMConfig | BoNConfig, where: str, engi
                       placement_group=placement_group, engines=(EngineRef(engine_field, engine, ("rollout",)),))
 
 
+def learner_and_rollout(section: RLConfig | PGenRMConfig, where: str, lcfg: LearnerConfig, engine: EngineBase,
+                        phase: str, cluster_gpus: float, job: LearnerJob, placement_group: str | None = None,
+                        custom: Mapping[str, float] | None = None) -> list[ActorGroup]:
+    """A section's learner ranks and rollout workers in its ``layout``: split, each group its own bundles; colocated
+    (the hybrid engine), each rank's bundle also hosting one engine (:func:`learner_group`'s ``colocated``)."""
+    rollout = rollout_group(section, where, engine, f"{where}.rollout", phase, placement_group, custom)
+    if section.layout == "colocated":
+        rollout = replace(rollout, placement_group=None, colocated_with=f"{where}.learner")
+        return [learner_group(lcfg, cluster_gpus, f"{where}.learner", phase, job, colocated=rollout.bundle), rollout]
+    return [learner_group(lcfg, cluster_gpus, f"{where}.learner", phase, job), rollout]
+
+
 def reward_pool_group(reward: RewardBase, where: str = "reward", phase: str = "", actor: str = "reward worker",
                       pool_where: str | None = None) -> ActorGroup:
     """The workers of a reward pool (``workers.reward.RewardPool``), each building ``reward.engines()``.
@@ -195,13 +207,9 @@ def train_groups(train: RLConfig, reward: RewardBase, reward_where: str, phase: 
     """One RL run (``workers.controller.RLController``): ``train`` its RLConfig, ``reward`` the pool's scorer."""
     lcfg = train.learner
     job = LearnerJob(lcfg, "train.learner.model", train.rollout.max_model_len, train.max_tokens, lcfg.kl.coef > 0)
-    rollout = rollout_group(train, "train", train.rollout, "train.rollout", phase, "PACK", train.rollout_resources)
-    if train.layout == "colocated":   # each rank's bundle hosts one engine: the hybrid engine
-        rollout = replace(rollout, placement_group=None, colocated_with="train.learner")
-        learner = learner_group(lcfg, cluster_gpus, "train.learner", phase, job, colocated=rollout.bundle)
-    else:
-        learner = learner_group(lcfg, cluster_gpus, "train.learner", phase, job)
-    groups = [learner, rollout, reward_pool_group(reward, reward_where, phase)]
+    groups = [*learner_and_rollout(train, "train", lcfg, train.rollout, phase, cluster_gpus, job, "PACK",
+                                   train.rollout_resources),
+              reward_pool_group(reward, reward_where, phase)]
     if train.downstream is not None:
         groups.append(reward_pool_group(train.downstream, "train.downstream", phase, "downstream worker"))
     return groups
@@ -225,9 +233,10 @@ def pgenrm_groups(cfg: PGenRMConfig, cluster_gpus: float) -> list[ActorGroup]:
         groups.append(learner(model, model_field, f"pgenrm {stage} (SFT)", False))
     if grpo:
         phase = f"pgenrm GRPO ({', '.join(grpo)})"
-        groups.append(learner(cfg.model, "pgenrm.model", phase, max(cfg.stage_config(s).kl.coef for s in grpo) > 0))
-        groups.append(rollout_group(cfg, "pgenrm", cfg.rollout.model_copy(update={"model": cfg.model}),
-                                    "pgenrm.rollout", phase))
+        lcfg = cfg.learner.model_copy(update={"model": cfg.model})
+        job = LearnerJob(lcfg, "pgenrm.model", seq, response, max(cfg.stage_config(s).kl.coef for s in grpo) > 0)
+        groups += learner_and_rollout(cfg, "pgenrm", lcfg, cfg.rollout.model_copy(update={"model": cfg.model}),
+                                      phase, cluster_gpus, job)
         in_driver = [EngineRef(f, e) for e, f in ((cfg.psi.teacher, "pgenrm.psi.teacher"),
                                                   (cfg.pr_judge, "pgenrm.pr_judge"))
                      if isinstance(e, EngineBase) and e.backend != "openai"]

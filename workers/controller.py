@@ -130,10 +130,7 @@ class RLController:
         self.learner = LearnerGroup(learner_cfg, name=None,
                                     colocated=rollout.bundle if rollout.colocated_with else None)
         if rollout.colocated_with:   # engine i in learner rank i's bundle, sharing its device
-            pg, engine_cfg = self.learner.placement_group, cfg.rollout
-            if getattr(engine_cfg, "backend", "") == "vllm":   # NCCL refuses two ranks on one GPU: gloo-staged
-                engine_cfg = engine_cfg.model_copy(update={"enable_sleep_mode": True, "weight_transfer": (
-                    "gloo" if engine_cfg.weight_transfer == "auto" else engine_cfg.weight_transfer)})
+            pg, engine_cfg = self.learner.placement_group, Colocated.engine(cfg.rollout)
         else:
             self._rollout_pg = pg = reserve_bundles(list(rollout.bundles), rollout.placement_group, "rollout")
             engine_cfg = cfg.rollout

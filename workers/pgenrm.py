@@ -38,6 +38,7 @@ from pr_rlhf.threads import capped_threads, set_torch_threads
 from pr_rlhf.tracking import make_tracker
 from pr_rlhf.world.generator import build_world
 from workers.rl_loop import (
+    Colocated,
     checkpoint_step,
     complete_checkpoints,
     read_checkpoint,
@@ -276,14 +277,16 @@ class PGenRMPipeline:
         return out
 
     # ------------------------------------------------------------------------------------------ learners
-    def _learner(self, model_dir: str, lr: float, temperature: float = 1.0, kl: Any = None):
+    def _learner(self, model_dir: str, lr: float, temperature: float = 1.0, kl: Any = None,
+                 colocated: Any = None):
+        """``colocated``: the bundle of the rollout engine each rank's bundle also hosts (layout colocated)."""
         from workers.learner import LearnerGroup
 
         update = {"model": model_dir, "lr": lr, "seed": self.recipe.seed, "temperature": temperature,
                   "torch_threads": self.cfg.torch_threads}
         if kl is not None:
             update["kl"] = kl
-        return LearnerGroup(self.cfg.learner.model_copy(update=update))
+        return LearnerGroup(self.cfg.learner.model_copy(update=update), colocated=colocated)
 
     def _restore(self, sdir: Path, learner: Any) -> tuple[int, list]:
         found = read_checkpoint(sdir / "checkpoints", learner)
@@ -466,14 +469,24 @@ class PGenRMPipeline:
         pool, hard = self.data.grpo_pool(scfg, sdir)
         schedule = None if scfg.hard_share_start is None else (scfg.hard_share_start, scfg.hard_share_end,
                                                                scfg.steps)
-        learner = self._learner(start, scfg.lr, scfg.temperature, scfg.kl)
+        group = next(g for g in pgenrm_groups(self.cfg, ray.cluster_resources().get("GPU", 0.0))
+                     if g.role == "rollout")
+        learner = self._learner(start, scfg.lr, scfg.temperature, scfg.kl,
+                                colocated=group.bundle if group.colocated_with else None)
         rl_cfg = RLConfig(algorithm="grpo", advantage=scfg.advantage, group_size=scfg.group_size,
                           temperature=scfg.temperature, max_tokens=scfg.max_tokens, learner=learner.config)
         engine = self.cfg.rollout.model_copy(update={"model": start, "seed": self.recipe.seed})
-        group = next(g for g in pgenrm_groups(self.cfg, 0.0) if g.role == "rollout")
-        rollouts = [spawn_rollout_worker(engine, **group.options(),
+        placement: list[dict[str, Any]] = [{} for _ in range(group.count)]
+        if group.colocated_with:   # engine i in learner rank i's bundle (the hybrid engine)
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            engine = Colocated.engine(engine)
+            placement = [{"scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=learner.placement_group, placement_group_bundle_index=i)} for i in range(group.count)]
+        rollouts = [spawn_rollout_worker(engine, **group.options(), **where,
                                          env={"OMP_NUM_THREADS": str(capped_threads(self.cfg.torch_threads))})
-                    for _ in range(group.count)]
+                    for where in placement]
+        colocated = Colocated(rollouts, self.cfg.sleep_level) if group.colocated_with else None
         rewards = lambda prompts, gens: self.step_rewards(prompts, gens, scfg, start)   # noqa: E731
         try:
             first, history = self._restore(sdir, learner)
@@ -493,7 +506,7 @@ class PGenRMPipeline:
                     return self.grpo_prompts(more, scfg.both_orders, first_group=len(items) * (rnd + 2))
                 metrics = rl_step(learner, rollouts, rl_cfg, prompts, rewards, step, self.recipe.seed,
                                   group_of=group_of, refill=refill if scfg.refill_rounds else None,
-                                  refill_rounds=scfg.refill_rounds, logprobs=True)
+                                  refill_rounds=scfg.refill_rounds, logprobs=True, colocated=colocated)
                 picked = {id(e) for e in items}
                 metrics.update({
                     "data/hard_share": float(np.mean([h for e, h in zip(pool, hard) if id(e) in picked])),

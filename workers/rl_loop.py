@@ -130,6 +130,15 @@ class Colocated:
         self.level = level
         self.log: list[str] = []
 
+    @staticmethod
+    def engine(cfg: Any) -> Any:
+        """The rollout engine's config when colocated: vLLM built with its sleep mode (GPU), and its weights staged
+        through host memory unless a transfer is named (NCCL refuses two ranks on one GPU)."""
+        if getattr(cfg, "backend", "") != "vllm":
+            return cfg
+        return cfg.model_copy(update={"enable_sleep_mode": True, "weight_transfer": (
+            "gloo" if cfg.weight_transfer == "auto" else cfg.weight_transfer)})
+
     def _all(self, method: str, *args: Any) -> None:
         import ray
 

@@ -169,3 +169,36 @@ class LearnerConfig(StrictModel):
     @property
     def kl_in_loss(self) -> bool:
         return self.kl.coef > 0 and self.kl.where == "loss"
+
+
+class RolloutLayout(StrictModel):
+    """Where a section's rollout engines run beside its learner ranks (the RL run's ``train:``, the P-GenRM GRPO
+    stages): the fields and their check, written once. The section has ``learner``, ``rollout``,
+    ``rollout_workers`` and ``rollout_num_gpus``."""
+
+    layout: Literal["split", "colocated"] = Field(
+        "split", description="'split': the rollout engines on devices of their own (rollout_num_gpus each); "
+                             "'colocated' (the hybrid engine): each learner rank's device also hosts one rollout "
+                             "engine (rollout_workers = learner.world_size, TP 1), which sleeps during the update "
+                             "(sleep_level) and wakes for the weight transfer and the next rollout; Ray gives the "
+                             "engine rollout_num_gpus of the rank's GPU and the rank the rest")
+    sleep_level: Literal[1, 2] = Field(
+        1, description="colocated: vLLM's sleep level during the update (1: weights offloaded to host memory and KV "
+                       "cache freed; 2: both freed, the weight transfer brings the weights back)")
+
+    def check_layout(self, rollout_mode: str = "sync") -> None:
+        if self.layout != "colocated":
+            return
+        learner, workers, gpus = self.learner, self.rollout_workers, self.rollout_num_gpus
+        if rollout_mode != "sync":
+            raise ValueError("layout colocated runs the rollout and the update on the same devices in turn: "
+                             "rollout_mode one_step_off needs the split layout")
+        if workers != learner.world_size:
+            raise ValueError(f"layout colocated puts one rollout engine on each learner rank's device: "
+                             f"rollout_workers ({workers}) must equal learner.world_size ({learner.world_size})")
+        if getattr(self.rollout, "tensor_parallel_size", 1) != 1:
+            raise ValueError("layout colocated runs engines of tensor_parallel_size 1 (one per learner rank)")
+        if 0 < gpus >= learner.num_gpus_per_worker:
+            raise ValueError(f"layout colocated: the engine's share of the rank's GPU (rollout_num_gpus {gpus}) "
+                             f"must be below learner.num_gpus_per_worker ({learner.num_gpus_per_worker}): the rank "
+                             "keeps the rest")

@@ -18,7 +18,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 from pydantic import BaseModel, Discriminator, Field, Tag, model_validator
 
 from pr_rlhf.configs.base import EngineConfig, StrictModel, UnionKey, engine_config, parser
-from pr_rlhf.configs.learner import KLConfig, LearnerConfig
+from pr_rlhf.configs.learner import KLConfig, LearnerConfig, RolloutLayout
 from pr_rlhf.configs.world import WorldConfig
 
 # How the vote chain's teacher picks ``Type`` (docs/protocols.md section 4): "votes" the type with most votes (the
@@ -212,7 +212,7 @@ class HeadroomConfig(StrictModel):
     after_psi: bool = Field(True, description="measure the PSI model as part of the PSI stage")
 
 
-class PGenRMBase(StrictModel):
+class PGenRMBase(RolloutLayout):
     """What every P-GenRM run sets, whichever data it trains on (the members below add their data's settings)."""
 
     INHERITED: ClassVar[tuple[str, ...]] = ("shards", "out")
@@ -253,6 +253,7 @@ class PGenRMBase(StrictModel):
         if self.eval.engine == "rollout" and self.rollout.backend == "openai":
             raise ValueError("eval.engine 'rollout' evaluates each stage's model with the rollout engine's settings: "
                              "the rollout backend must be a local one (hf or vllm), not openai")
+        self.check_layout()
         if self.psi.steps == 0 and "psi" in self.stages and "psi" not in self.start_from:
             raise ValueError("psi.steps 0 evaluates a given model: set start_from.psi to it (e.g. a shipped PSI "
                              "checkpoint)")

@@ -9,7 +9,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from pr_rlhf.configs.base import EngineConfig, StrictModel, check_benchmark_accuracy, engine_config
-from pr_rlhf.configs.learner import LearnerConfig
+from pr_rlhf.configs.learner import LearnerConfig, RolloutLayout
 from pr_rlhf.configs.reward import RewardConfig
 from pr_rlhf.configs.world import WorldConfig
 
@@ -39,7 +39,7 @@ class RLDataConfig(StrictModel):
                              "that read a history (the P-GenRM's evaluation chain); the policy never sees them")
 
 
-class RLConfig(StrictModel):
+class RLConfig(RolloutLayout):
     INHERITED: ClassVar[tuple[str, ...]] = ("out",)
     algorithm: Literal["grpo", "ppo"] = "grpo"
     advantage: str | None = Field(None, description="name in pr_rlhf.algos.ADVANTAGE_ESTIMATORS; default: "
@@ -93,15 +93,6 @@ class RLConfig(StrictModel):
                             "trains on step t's, so they come from weights one update old; the loss corrects for it "
                             "with the engine's log-probs (decoupled PPO, truncated importance weights: "
                             "docs/guides/rl.md)")
-    layout: Literal["split", "colocated"] = Field(
-        "split", description="'split': the rollout engines on devices of their own (rollout_num_gpus each); "
-                             "'colocated' (the hybrid engine): each learner rank's device also hosts one rollout "
-                             "engine (rollout_workers = learner.world_size, TP 1), which sleeps during the update "
-                             "(sleep_level) and wakes for the weight transfer and the next rollout; Ray gives the "
-                             "engine rollout_num_gpus of the rank's GPU and the rank the rest")
-    sleep_level: Literal[1, 2] = Field(
-        1, description="colocated: vLLM's sleep level during the update (1: weights offloaded to host memory and KV "
-                       "cache freed; 2: both freed, the weight transfer brings the weights back)")
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     data: RLDataConfig = Field(default_factory=RLDataConfig)
     downstream: RewardConfig | None = Field(
@@ -119,20 +110,7 @@ class RLConfig(StrictModel):
             raise ValueError("rollout_mode one_step_off corrects with the engine's log-probs, which are the model's "
                              "raw distribution (temperature 1, no top-p): set train.temperature=1 and "
                              f"train.top_p=1 (they are {self.temperature} and {self.top_p})")
-        if self.layout == "colocated":
-            if self.rollout_mode != "sync":
-                raise ValueError("layout colocated runs the rollout and the update on the same devices in turn: "
-                                 "rollout_mode one_step_off needs the split layout")
-            if self.rollout_workers != self.learner.world_size:
-                raise ValueError(f"layout colocated puts one rollout engine on each learner rank's device: "
-                                 f"rollout_workers ({self.rollout_workers}) must equal learner.world_size "
-                                 f"({self.learner.world_size})")
-            if getattr(self.rollout, "tensor_parallel_size", 1) != 1:
-                raise ValueError("layout colocated runs engines of tensor_parallel_size 1 (one per learner rank)")
-            if 0 < self.rollout_num_gpus >= self.learner.num_gpus_per_worker:
-                raise ValueError(f"layout colocated: the engine's share of the rank's GPU (rollout_num_gpus "
-                                 f"{self.rollout_num_gpus}) must be below learner.num_gpus_per_worker "
-                                 f"({self.learner.num_gpus_per_worker}): the rank keeps the rest")
+        self.check_layout(self.rollout_mode)
         if self.algorithm == "ppo" and not self.learner.critic.enabled:
             raise ValueError("PPO needs a critic: set train.learner.critic.enabled=true")
         return self

@@ -192,9 +192,9 @@ def test_gpu_recipes_schedule_on_a_fake_two_node_gpu_cluster(tmp_path):
         gpus_per_learner = sum(a["bundle"].get("GPU", 0) for a in learners)
         if learners and gpus_per_learner <= gpus:   # PACK in an empty cluster keeps the ranks on one node
             assert len({a["node"] for a in learners}) == 1, f"{where}: learner ranks spread over nodes"
-    # the P-GenRM GRPO phase needs both nodes: 8 learner GPUs + 2 x 2 rollout GPUs
-    both = report["phases"]["pgenrm_pipeline: pgenrm GRPO (cre, curriculum)"]["actors"]
-    assert len({a["node"] for a in both}) == 2
+    # the P-GenRM GRPO phase, colocated: 8 learner ranks, each with its engine on its GPU, on one node
+    grpo = report["phases"]["pgenrm_pipeline: pgenrm GRPO (cre, curriculum)"]["actors"]
+    assert sum(1 for a in grpo if a["colocated_with"]) == 8 and len({a["node"] for a in grpo}) == 1
 
 
 if __name__ == "__main__":   # the driver, run by the test in its own process

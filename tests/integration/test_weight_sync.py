@@ -155,23 +155,6 @@ def test_sync_gives_every_engine_the_learners_weights_without_the_driver(setup, 
     check(rollouts, learner, tmp_path, 2, [707, 808, 909, 1001, 1102, 1203])
 
 
-def test_the_colocated_phases_sleep_wake_and_sync_through_vllms_api(setup, tmp_path):
-    """The hybrid engine's calls on the real engines (vLLM's multiprocess engine core; sleep and wake are vLLM's
-    own API, no-ops in its CPU worker): asleep while the learner trains, weights woken, the new weights synced, the
-    KV cache woken; every engine then answers as the learner does."""
-    from workers.rl_loop import Colocated
-
-    rollouts, learner, prompt_ids = setup
-    engines = Colocated(rollouts, level=1)
-    engines.sleep()
-    teach(learner, prompt_ids, [121, 232, 343, 454, 565, 676], 150)
-    engines.wake(["weights"])
-    learner.push_weights(rollouts, 5)
-    engines.wake(["kv_cache"])
-    assert engines.log == ["sleep", "wake weights", "wake kv_cache"]
-    check(rollouts, learner, tmp_path, 5, [121, 232, 343, 454, 565, 676])
-
-
 def test_a_sync_failing_midway_keeps_every_engines_weights_and_the_next_sync_works(setup, tmp_path):
     rollouts, learner, prompt_ids = setup
     teach(learner, prompt_ids, [111, 222, 333, 444, 555, 666], 150)
@@ -198,3 +181,20 @@ def test_a_sync_failing_midway_keeps_every_engines_weights_and_the_next_sync_wor
 
     learner.close_weight_transfer()   # the group is released; the engines keep serving
     assert greedy(rollouts[1])[0] == [[777, 888, 999, 1111, 1222, 1333]] * len(PROMPTS)
+
+
+def test_the_colocated_phases_sleep_wake_and_sync_through_vllms_api(setup, tmp_path):
+    """The hybrid engine's calls on the real engines (vLLM's multiprocess engine core; sleep and wake are vLLM's own
+    API, no-ops in its CPU worker): asleep while the learner trains, weights woken, the new weights synced, the KV
+    cache woken; every engine then answers as the learner does (last: the tests above taught other targets)."""
+    from workers.rl_loop import Colocated
+
+    rollouts, learner, prompt_ids = setup
+    engines = Colocated(rollouts, level=1)
+    engines.sleep()
+    teach(learner, prompt_ids, [121, 232, 343, 454, 565, 676], 250)   # unlearning the last target
+    engines.wake(["weights"])
+    learner.push_weights(rollouts, 5)
+    engines.wake(["kv_cache"])
+    assert engines.log == ["sleep", "wake weights", "wake kv_cache"]
+    check(rollouts, learner, tmp_path, 5, [121, 232, 343, 454, 565, 676])

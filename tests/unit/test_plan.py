@@ -90,7 +90,8 @@ def test_a_tensor_parallel_group_larger_than_a_node_is_refused():
     assert res.exit_code == 2, res.output
     assert ("reward worker: a tensor-parallel group of 2 GPUs must sit on one node; nodes have 1 GPUs (field "
             "reward.judge.tensor_parallel_size)") in res.stderr
-    res = plan("recipes/gpu/pgenrm_pipeline.yaml", *CLUSTER_2x8, "--set", "pgenrm.rollout.tensor_parallel_size=16",
+    res = plan("recipes/gpu/pgenrm_pipeline.yaml", *CLUSTER_2x8, "--set", "pgenrm.layout=split", "--set",
+               "pgenrm.rollout_workers=2", "--set", "pgenrm.rollout.tensor_parallel_size=16",
                "--set", "pgenrm.rollout_num_gpus=16")
     assert res.exit_code == 2 and "rollout worker: a tensor-parallel group of 16 GPUs" in res.stderr, res.output
 

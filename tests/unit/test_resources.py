@@ -37,6 +37,8 @@ def kuberay_nodes() -> list[dict[str, float]]:
 
 
 SPLIT = ("train.layout=split", "train.rollout_workers=2", "train.rollout_num_gpus=1")   # ppo_personalized, split
+PGENRM_SPLIT = ("pgenrm.layout=split", "pgenrm.rollout_workers=2", "pgenrm.rollout_num_gpus=2",
+                "pgenrm.rollout.tensor_parallel_size=2")   # the P-GenRM recipes with two TP-2 engines of their own
 
 
 def gpu_recipe(name: str, *overrides: str):
@@ -54,7 +56,7 @@ def test_every_gpu_recipe_fits_two_8_gpu_nodes():
 
 def test_rollout_tp_must_equal_the_rollout_workers_gpus():
     with pytest.raises(ResourceError) as err:
-        check(gpu_recipe("pgenrm_pipeline", "pgenrm.rollout_num_gpus=1"), "pgenrm")
+        check(gpu_recipe("pgenrm_pipeline", *PGENRM_SPLIT, "pgenrm.rollout_num_gpus=1"), "pgenrm")
     assert "pgenrm.rollout.tensor_parallel_size is 2" in str(err.value) and "pgenrm.rollout_num_gpus is 1" in \
         str(err.value)
     with pytest.raises(ResourceError, match=r"train.rollout.tensor_parallel_size is 2.*train.rollout_num_gpus is 1"):
@@ -87,7 +89,7 @@ def test_a_phase_larger_than_the_cluster_is_refused():
     with pytest.raises(ClusterFitError, match=r"^pgenrm GRPO \(cre, curriculum\): .* GPU 12 \(pgenrm.learner."
                                               r"num_gpus_per_worker: 8 x 1, pgenrm.rollout_num_gpus: 2 x 2\), the "
                                               r"cluster has 8"):
-        check(gpu_recipe("pgenrm_pipeline"), "pgenrm", one_node)
+        check(gpu_recipe("pgenrm_pipeline", *PGENRM_SPLIT), "pgenrm", one_node)
     with pytest.raises(ClusterFitError, match=r"^train: .* CPU 12 \(train.learner.num_cpus_per_worker: 4 x 0.5, "
                                               r"train.rollout_num_cpus: 2 x 1, reward.pool.num_cpus: 2 x 4\)"):
         check(gpu_recipe("ppo_personalized", *SPLIT), "train", [{"CPU": 8.0, "GPU": 8.0}, {"CPU": 2.0, "GPU": 8.0}])
@@ -141,9 +143,10 @@ def test_vllm_executor_is_explicit_with_tensor_parallelism():
     with pytest.raises(ValueError, match="'uni' runs one GPU worker"):
         engine_config(backend="vllm", tensor_parallel_size=2, distributed_executor_backend="uni")
     with pytest.raises(ResourceError, match=r"pgenrm.rollout.distributed_executor_backend 'ray'.*waits forever"):
-        check(gpu_recipe("pgenrm_pipeline", "pgenrm.rollout.distributed_executor_backend=ray"), "pgenrm")
+        check(gpu_recipe("pgenrm_pipeline", *PGENRM_SPLIT, "pgenrm.rollout.distributed_executor_backend=ray"),
+              "pgenrm")
     with pytest.raises(RecipeError, match="pgenrm.rollout"):
-        gpu_recipe("pgenrm_pipeline", "pgenrm.rollout.distributed_executor_backend=uni")
+        gpu_recipe("pgenrm_pipeline", *PGENRM_SPLIT, "pgenrm.rollout.distributed_executor_backend=uni")
 
 
 def test_learner_attention_conflict_is_refused_before_start():
