@@ -222,17 +222,19 @@ def assert_not_run_again(run, out: Path, stages, written: dict) -> None:
 def test_rl_stages_from_the_shipped_genrm_run_resume_and_scale(tmp_path):
     """CRE and the curriculum from the shipped P-GenRM (no PSI run): both GRPO stages train on Ray with process and
     outcome rewards, the curriculum's hard share rises, each stage is evaluated and logged, the ablation report is
-    written, a rerun runs nothing again, and test-time scaling runs on the result."""
+    written, a rerun runs nothing again, and test-time scaling runs on the result. The rollout engines are colocated
+    with the learner ranks (the GPU recipes' layout): each step's engines sleep around the update."""
     out = tmp_path / "run"
     stages = ("cre", "curriculum")
     shipped = ROOT / "models" / "pgenrm_tiny"
-    run = pgenrm_cli("pgenrm_from_shipped.yaml", out, tmp_path, sets=[f"pgenrm.start_from.cre={shipped}"],
-                     hang_timeout_s=HANG_RL_S)
+    sets = [f"pgenrm.start_from.cre={shipped}", "pgenrm.layout=colocated"]
+    run = pgenrm_cli("pgenrm_from_shipped.yaml", out, tmp_path, sets=sets, hang_timeout_s=HANG_RL_S)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     results = stage_results(out, stages)
     for stage in stages:
         history = json.loads((out / stage / "history.json").read_text())
         assert len(history) == 2 and all("reward/outcome" in h and "reward/process" in h for h in history)
+        assert all(h["time/sleep_s"] >= 0 and h["time/wake_s"] >= 0 for h in history)   # colocated
         seen = results[stage]["seen"]["summary"]
         # two small GRPO steps keep the shipped model's accuracy (87.7% on 600 pairs): above chance beyond its CI
         assert seen["n"] == 40 and seen["ci_low"] > 0.5, seen
@@ -258,7 +260,7 @@ def test_rl_stages_from_the_shipped_genrm_run_resume_and_scale(tmp_path):
     assert "reward/outcome" in mrun.data.metrics and "seen/accuracy" in mrun.data.metrics
 
     written = written_at(out, stages)
-    again = pgenrm_cli("pgenrm_from_shipped.yaml", out, tmp_path, sets=[f"pgenrm.start_from.cre={shipped}"],
+    again = pgenrm_cli("pgenrm_from_shipped.yaml", out, tmp_path, sets=sets,
                        hang_timeout_s=HANG_RESUME_S)
     assert_not_run_again(again, out, stages, written)
 
