@@ -26,6 +26,8 @@ from pr_rlhf.configs.reward import (
 from pr_rlhf.configs.scaling import PrototypeConfig, RefineConfig
 
 ROOT = Path(__file__).resolve().parents[2]
+# recipes/gpu/ppo_personalized.yaml and pgenrm_pipeline.yaml were re-dumped into it when they became colocated (issue
+# 52: one engine per learner rank, its share of the rank's GPU and vLLM's memory; a deliberate change of settings)
 BASELINE: dict[str, dict] = json.loads((ROOT / "tests" / "data" / "recipe_effective_configs.json").read_text())
 RECIPES = {name: (None if name == "<defaults>" else ROOT / name) for name in BASELINE}
 # Fields the restructure added, with the value the code used before: the prototype refinement's batch and history
@@ -45,7 +47,7 @@ REMOVED_FIELDS = {(LearnerConfig, "zero_stage")}
 ADDED_PGENRM_FIELDS = {"teacher": "votes", "label_filter": True, "hard_kind": "one_attribute", "both_orders": False,
                        "refill_rounds": 0, "min_history": 0, "stop_kl": None, "stop_parse_rate": None,
                        "stop_patience": 2, "on_stop": "keep_last", "control": None, "placement": "persona",
-                       "certainty_weighting": False,
+                       "certainty_weighting": False, "layout": "split", "sleep_level": 1,
                        # real data (psi.source teacher): unused by the world's pipeline
                        "source": "world", "samples_per_pair": 4, "teacher_temperature": 0.8,
                        "teacher_max_tokens": 768, "cache": None, "process_reward": "exact", "pr_judge": None,
@@ -57,7 +59,9 @@ ADDED_PGENRM_FIELDS = {"teacher": "votes", "label_filter": True, "hard_kind": "o
 # scorer (none: the held-out evaluations are scored by the reward alone, as before) and what a learner trains (the
 # policy, as every learner did before).
 ADDED_ROOT_SECTIONS = {("rm",), ("train", "downstream"), ("rl_sweep",), ("leaderboard",)}
-ADDED_TRAIN_FIELDS = {"warmup_sft_target": "answers", "reward_failures": "raise", "warm_start_cache": None}
+ADDED_TRAIN_FIELDS = {"warmup_sft_target": "answers", "reward_failures": "raise", "warm_start_cache": None,
+                      # the sequential step in the split layout, as every run before (issue 52)
+                      "rollout_mode": "sync", "layout": "split", "sleep_level": 1}
 # Added after the baseline: strict text decoding (issue 40: undecodable bytes make a record invalid, which no
 # shipped data holds) and the reward service's user store (off unless a recipe sets it)
 ADDED_SECTION_FIELDS = {("data", "encoding_errors"): "strict", ("serve", "users"): None,
@@ -67,7 +71,7 @@ ADDED_TRAIN_DATA_FIELDS = {"plan_max_aspects": None, "history_pairs": 0}
 # trains: as before. The weight sync's bucket size and its per-step timeout (issues 38 and 49: the weights an engine
 # ends up with are the same, tests/integration/test_weight_sync.py)
 ADDED_LEARNER_FIELDS = {"trains": "policy", "weight_sync_bucket_mb": 256,
-                        "load_weights_on": "rank0", "weight_sync_timeout_s": 120.0}
+                        "load_weights_on": "rank0", "weight_sync_timeout_s": 120.0, "is_weight_cap": 2.0}
 # The evaluation's named models (none: only the section's own, as before) and the section's name beside them; the
 # quickstart recipes, which use them, were re-dumped into the baseline.
 ADDED_EVAL_FIELDS = {"models": {}, "label": "base"}
@@ -79,7 +83,8 @@ ADDED_SCALAR_RM_FIELDS = {"label": None, "trust_remote_code": False}
 # vLLM engine fields added after the baseline (issue 38). enforce_eager None: eager on CPU, as every engine was
 # built before; CUDA graphs on GPU (issue 49, on purpose). weight_transfer auto: gloo on CPU, nccl on GPU, the
 # backends the weight sync used before.
-ADDED_VLLM_FIELDS = {"enforce_eager": None, "distributed_executor_backend": None, "weight_transfer": "auto"}
+ADDED_VLLM_FIELDS = {"enforce_eager": None, "distributed_executor_backend": None, "weight_transfer": "auto",
+                     "enable_sleep_mode": False}
 
 
 def union_members(union: Any) -> set[type[BaseModel]]:
