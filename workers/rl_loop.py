@@ -179,9 +179,9 @@ def policy_update(learner: Any, cfg: RLConfig, prompt_ids: list[list[int]], resp
     metrics: dict[str, float] = {}
     kl_cfg = cfg.learner.kl
     kl_in_reward = kl_cfg.coef > 0 and kl_cfg.where == "reward"
-    # a single on-policy step takes the old log-probs from the update's own forward (no separate pass)
     if behaviour_logprobs is not None:   # an empty response is one placeholder token: no engine log-prob
         batch["behaviour_logprobs"] = [list(lp) or [float("nan")] for lp in behaviour_logprobs]
+    # a single on-policy step takes the old log-probs from the update's own forward (no separate pass)
     if kl_in_reward or not cfg.learner.single_update(n):
         with timer.phase("old_logprobs"):
             batch["old_logprobs"] = learner.compute_logprobs(batch)
