@@ -4,10 +4,11 @@
     python research/async_vs_sync.py analyse                    # analysis.json from the committed histories
 
 ``run`` trains each (mode, seed) not yet collected and copies its ``history.json`` (per-step metrics; each held-out
-evaluation's reward per prompt, with the users of the prompts) to ``docs/results/async_rollout/runs/``, with its wall
-time in ``runs.json``. ``analyse`` reads only those files: per seed and pooled over the seeds, one_step_off minus
-sync at the last evaluation paired per held-out prompt, each mode's rise since step 0 (95% CIs resampling users: a
-user's prompts in every seed move together), and the staleness and importance weights of every one_step_off step.
+evaluation's reward per prompt, with the users of the prompts) to ``docs/results/async_rollout/histories/``, with
+its wall time in ``runs.json``. ``analyse`` reads only those files: per seed and pooled over the seeds,
+one_step_off minus sync at the last evaluation paired per held-out prompt, each mode's rise since step 0 (95% CIs
+resampling users: a user's prompts in every seed move together), and the staleness and importance weights of every
+one_step_off step.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from pr_rlhf.stats import paired_difference_ci  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results" / "async_rollout"
-RUNS = RESULTS / "runs"
+HISTORIES = RESULTS / "histories"   # not "runs/": the repository ignores run folders
 MODES = ("sync", "one_step_off")
 RECIPE = "recipes/grpo_tiny.yaml"
 DEVELOPMENT_SEEDS = (0,)   # the seed the settings were tried on: reported apart
@@ -36,13 +37,13 @@ N_BOOTSTRAP = 2000
 
 
 def history_path(mode: str, seed: int) -> Path:
-    return RUNS / f"{mode}_s{seed}.history.json"
+    return HISTORIES / f"{mode}_s{seed}.history.json"
 
 
 def run(seeds: list[int], work: Path) -> None:
     timings_path = RESULTS / "runs.json"
     timings = json.loads(timings_path.read_text()) if timings_path.is_file() else {}
-    RUNS.mkdir(parents=True, exist_ok=True)
+    HISTORIES.mkdir(parents=True, exist_ok=True)
     for seed in seeds:
         for mode in MODES:
             target = history_path(mode, seed)

@@ -124,6 +124,13 @@ def schedule_phase(members: list, timeout_s: float) -> dict:
         ray.kill(actor)
     for pg in pgs:
         remove_placement_group(pg)
+    # the next phase starts in an empty cluster, as a driver's next phase does: Ray frees a killed actor's
+    # resources asynchronously, and a placement group asked for meanwhile would spread where PACK packs
+    total = ray.cluster_resources()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(ray.available_resources().get(k, 0.0) < total[k] - 1e-6
+                                              for k in ("CPU", "GPU")):
+        time.sleep(0.2)
     return {"actors": rows, "placement_groups": pg_states, "seconds": round(seconds, 1)}
 
 

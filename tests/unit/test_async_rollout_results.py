@@ -25,7 +25,7 @@ def test_the_committed_analysis_is_its_committed_histories():
     assert json.loads(json.dumps(again)) == committed
     for seed in committed["seeds"]:
         for mode in ("sync", "one_step_off"):
-            history = json.loads((RESULTS / "runs" / f"{mode}_s{seed}.history.json").read_text())
+            history = json.loads((RESULTS / "histories" / f"{mode}_s{seed}.history.json").read_text())
             assert [e["step"] for e in history["evals"]] == [0, 10, 20]
             assert len(history["heldout_users"]) == len(history["evals"][-1]["heldout_reward_per_prompt"])
 
