@@ -28,6 +28,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 WORLD = WorldConfig(users=6, cold_start_users=0, history_size=2, val_pairs_per_user=0, test_pairs_per_user=2)
 WAIT_S = 300  # generous: the machine is shared; nothing asserts on time
+HOLD_ALONE_S = 10.0   # the held request scored with the first batch still unscored: it won the worker's lock
 
 
 @pytest.fixture(scope="module")
@@ -153,18 +154,23 @@ def test_worker_killed_mid_batch_loses_no_sample_and_scores_none_twice(ray_clust
     killed, scored = {}, threading.Event()
 
     def kill_when_held():
-        # the kill comes once the held request is being scored and the worker's first batch (scored beside the
-        # second: two batches in flight) has been scored too, so that the killed worker has results to keep. No
-        # deadline of its own: it watches as long as the scoring call runs (a loaded machine may take minutes to
-        # get there; the held request waits WAIT_S for it)
+        # the kill comes once the held request is being scored and the worker's first batch (in flight beside the
+        # second) has been scored too, so that the killed worker has results to keep. The worker scores one batch
+        # at a time (its scorer's lock), and its threads may take the two batches in either order: when the held
+        # batch won, the first one waits behind it and is never scored there, so after HOLD_ALONE_S of the held
+        # request alone the worker is killed anyway (then with nothing delivered). No deadline of its own: it
+        # watches as long as the scoring call runs (a loaded machine may take minutes to get there)
+        held_since = None
         try:
             while not scored.is_set():
                 logged = invocation_log(log)
                 seen = logged.get(reqs[hold].request_id)
-                if seen and all(reqs[i].request_id in logged for i in victim_reqs[:4]):
-                    time.sleep(1.0)   # the first batch's last request (logged when it starts) takes delay_s
-                    killed["pid"] = seen[0]
-                    killed["worker_id"] = f"reward-{victim}.1"
+                first_batch = all(reqs[i].request_id in logged for i in victim_reqs[:4])
+                if seen:
+                    held_since = held_since or time.monotonic()
+                if seen and (first_batch or time.monotonic() - held_since > HOLD_ALONE_S):
+                    time.sleep(1.0 if first_batch else 0.0)   # the first batch's last request takes delay_s
+                    killed.update(pid=seen[0], worker_id=f"reward-{victim}.1", first_batch_scored=first_batch)
                     ray.kill(pool.workers[victim], no_restart=True)
                     return
                 time.sleep(0.02)
@@ -192,7 +198,8 @@ def test_worker_killed_mid_batch_loses_no_sample_and_scores_none_twice(ray_clust
     assert pool.stats["restarts"] == 1 and pool.stats["failures"] == 0 and pool.stats["duplicates"] == 0
     assert pool.stats["retries"] >= 1
     by_killed = {r.request_id for r in results if r.worker_id == killed["worker_id"]}
-    assert by_killed and results[hold].worker_id == f"reward-{victim}.2" and results[hold].attempt == 2
+    assert results[hold].worker_id == f"reward-{victim}.2" and results[hold].attempt == 2
+    assert by_killed or not killed["first_batch_scored"], killed   # what the killed worker delivered is kept
 
     # None scored twice: a request is scored again only if its first scoring died with the killed worker.
     pids = invocation_log(log)
