@@ -123,7 +123,8 @@ class Colocated:
     """The hybrid engine's phases (``train.layout: colocated``): each rollout engine shares a learner rank's device,
     so after the rollout the engines sleep (vLLM's sleep ``level``: KV cache freed, weights offloaded or freed)
     while the learner updates, then wake their weights, take the new ones and wake their KV cache for the next
-    rollout. On CPU vLLM's worker treats sleep and wake as no-ops; ``log`` keeps the order the phases ran in."""
+    rollout. On CPU vLLM's worker treats sleep and wake as no-ops; ``log`` keeps the order the phases of the last step
+    ran in."""
 
     def __init__(self, rollouts: list, level: int) -> None:
         self.rollouts = rollouts
@@ -146,7 +147,7 @@ class Colocated:
 
     def sleep(self) -> None:
         self._all("sleep", self.level)
-        self.log.append("sleep")
+        self.log = ["sleep"]   # a step starts here: the log holds one step, not the run
 
     def wake(self, tags: list[str]) -> None:
         self._all("wake_up", tags)

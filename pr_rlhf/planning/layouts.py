@@ -16,7 +16,8 @@ import math
 from dataclasses import dataclass
 
 from pr_rlhf.configs.recipe import Recipe
-from pr_rlhf.planning.models import DTYPE_BYTES, Models
+from pr_rlhf.planning.models import DTYPE_BYTES, GIB, Models
+from pr_rlhf.planning.placement import NVLINK_GB_S
 
 HBM_GB_S = 3350.0          # an H100 SXM's memory bandwidth
 DECODE_EFFICIENCY = 0.5    # share of it a decode step reaches (KV reads, kernel launches)
@@ -29,8 +30,8 @@ ASSUMPTIONS = (f"decode memory-bound at {DECODE_EFFICIENCY:g} x {HBM_GB_S:g} GB/
                f"engine batch; update at {MFU:g} x {PEAK_TFLOPS:g} TFLOPS (6 FLOPs per parameter and token, +2 per "
                f"extra forward, +8 a critic); sequences of {PROMPT_SHARE:g} x rollout.max_model_len tokens; "
                f"colocated: sleep level 1 moves the weights over PCIe ({PCIE_GB_S:g} GB/s) both ways, the transfer "
-               "staged through host memory; split: the transfer at 100 GB/s; layout variants: colocated one engine "
-               "per rank with 0.4 of its GPU, split one engine per two ranks (pr_rlhf/planning/layouts.py)")
+               f"staged through host memory; split: the transfer at {NVLINK_GB_S:g} GB/s; layout variants: colocated "
+               "one engine per rank with 0.4 of its GPU, split one engine per two ranks (pr_rlhf/planning/layouts.py)")
 
 
 @dataclass
@@ -94,17 +95,15 @@ def estimate(recipe: Recipe, layout: str, plan_of, models: Models) -> LayoutEsti
     update_s = flops / (max(learner_gpus, 1) * PEAK_TFLOPS * 1e12 * MFU)
     weights = b * params * n_engines
     colocated = layout == "colocated"
-    sync_s = weights / ((PCIE_GB_S if colocated else 100.0) * 1e9) * (2 if colocated else 1)
+    sync_s = weights / ((PCIE_GB_S if colocated else NVLINK_GB_S) * 1e9) * (2 if colocated else 1)
     sleep_s = 2 * b * params / (PCIE_GB_S * 1e9) if colocated and train.sleep_level == 1 else 0.0
-    gib = 2 ** 30
     if colocated:
-        peaks = [getattr(a, "phase_bytes", {}) for a in learners]
-        roll_mem = max((p.get("rollout", 0.0) for p in peaks), default=0.0) / gib
-        upd_mem = max((p.get("update", 0.0) for p in peaks), default=0.0) / gib
+        roll_mem = max((a.phase_bytes.get("rollout", 0.0) for a in learners), default=0.0) / GIB
+        upd_mem = max((a.phase_bytes.get("update", 0.0) for a in learners), default=0.0) / GIB
         gpus, rollout_gpus = learner_gpus, learner_gpus
     else:
-        roll_mem = max((a.gpu_bytes for a in engines), default=0.0) / gib
-        upd_mem = max((a.gpu_bytes for a in learners), default=0.0) / gib
+        roll_mem = max((a.gpu_bytes for a in engines), default=0.0) / GIB
+        upd_mem = max((a.gpu_bytes for a in learners), default=0.0) / GIB
         rollout_gpus = sum(max(a.gpus, tp) if a.gpus else 0.0 for a in engines)
         gpus = learner_gpus + rollout_gpus
     phases = {"rollout": (rollout_gpus, roll_mem, rollout_s), "update": (learner_gpus, upd_mem, update_s),

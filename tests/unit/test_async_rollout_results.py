@@ -4,19 +4,17 @@ what its committed per-prompt histories give: ``analysis.json`` recomputed by th
 staleness and importance weights)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
+
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results" / "async_rollout"
 
 
 def study():
-    spec = importlib.util.spec_from_file_location("async_vs_sync", ROOT / "research" / "async_vs_sync.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("research/async_vs_sync.py", "async_vs_sync")
 
 
 def test_the_committed_analysis_is_its_committed_histories():

@@ -8,6 +8,7 @@ import pytest
 
 from pr_rlhf.eval.report import PairOutcomes, paired_gain
 from pr_rlhf.eval.worlds import Endpoint, WorldOutcomes, analyse, forest_plot, moderator, pool, world_difference
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -94,11 +95,7 @@ def test_moderator_slope_follows_the_worlds():
 
 
 def load_study_tool(tmp_path, monkeypatch):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("pgenrm_worlds_tool", ROOT / "research" / "pgenrm_worlds.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_script("research/pgenrm_worlds.py", "pgenrm_worlds_tool")
     monkeypatch.setattr(tool, "RUNS", tmp_path / "runs")
     monkeypatch.setattr(tool, "RESULTS", tmp_path / "results")
     return tool

@@ -3,13 +3,13 @@ recipe that exists and validates and the command that trained it, the evaluation
 one the manifest (and the README) quote, and the model loads from its folder alone."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from pr_rlhf.configs.recipe import load_recipe
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(p.parent for p in (ROOT / "models").glob("*/MANIFEST.json"))
@@ -17,10 +17,7 @@ COMMANDS = {"genrm": "pr-rlhf pgenrm", "rm": "pr-rlhf train-rm", "planner": "pr-
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("ship_model", ROOT / "tools" / "ship_model.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
+    return load_script("tools/ship_model.py", "ship_model")
 
 
 def test_the_quickstart_ships_a_genrm_a_planner_and_three_bt_rms():
