@@ -18,9 +18,11 @@ Every scorer is a :class:`Scorer`: its own :meth:`~Scorer.evaluate` (one :class:
   response_2, and the reward is the chain's final score of response_1 (1-10). The slots are fixed: a position
   bias shifts every reward of the run by the same amount, which group-normalized advantages (GRPO, RLOO) cancel,
   whereas a random slot would add noise. ``pointwise``: the pointwise prompt rates the response alone (1-10),
-  no reference needed. A parse failure is a result with ``error`` set to the parser's error kind (never a made-up
-  score). With a planner (``input_mode="plan"``) the retrieved profile is turned into aspects first; with a
-  scaling config the reward is fused over chains and neighbours (:mod:`pr_rlhf.scaling`).
+  no reference needed. ``pairwise``: the pairwise judge compares the response (slot A) with the reference (slot
+  B): its written verdict (1 / 0), or its probability of answering A (``verdict_readout="probability"``). A parse
+  failure is a result with ``error`` set to the parser's error kind (never a made-up score). With a planner
+  (``input_mode="plan"``) the retrieved profile is turned into aspects first; with a scaling config the reward is
+  fused over chains and neighbours (:mod:`pr_rlhf.scaling`).
 
 What a request may carry in ``meta`` for the model-based scorers: ``reference`` (sec_reference), ``retrieved``
 (top-k profile items ``[{id, text, ...}]``), ``history`` (``[{question, chosen, rejected}]``),
@@ -83,6 +85,15 @@ class Scorer(abc.ABC):
 
     def close(self) -> None:
         """Release the engines the scorer built itself (none by default)."""
+
+
+def _failed(gen: Any, plan: list[str] | None) -> Evaluation | None:
+    """The evaluation of a generation the engine failed or left empty; None when there is text to parse."""
+    if gen.error is not None:
+        return Evaluation(None, f"engine_error: {gen.error}", plan=plan)
+    if not gen.samples:
+        return Evaluation(None, "empty", plan=plan)
+    return None
 
 
 def request_input(req: RewardRequest) -> RMInput:
@@ -259,7 +270,38 @@ class GenRMScorer(_ModelScorer):
             rated = judge.rate(inputs, [r.response for r in requests], self.cfg.input_mode, self.cfg.top_k_profile)
             return [Evaluation((s,), None, plan=inp.plan) if e is None else Evaluation(None, e, plan=inp.plan)
                     for (s, e), inp in zip(rated, inputs)]
+        if self.cfg.genrm_mode == "pairwise":
+            return self._pairwise(inputs)
         return self._sec_reference(inputs)
+
+    def _pairwise(self, inputs: list[RMInput]) -> list[Evaluation]:
+        """The pairwise judge on (response in slot A, reference in slot B): 1 / 0 from the verdict it writes, or its
+        probability of answering A (``verdict_readout="probability"``). Slot A is fixed, as in ``sec_reference``:
+        a pair scored in both orders compares each response's own slot-A score, so the position bias cancels."""
+        from pr_rlhf.reward.judge import judge_prompt, parse_verdict, slot_a_probabilities
+
+        out: list[Evaluation | None] = [None] * len(inputs)
+        todo = [i for i, inp in enumerate(inputs) if inp.rejected.strip()]
+        for i in set(range(len(inputs))) - set(todo):
+            out[i] = Evaluation(None, "missing_reference: pairwise needs meta['reference']", plan=inputs[i].plan)
+        prompts = [judge_prompt(inputs[i], inputs[i].chosen, inputs[i].rejected, self.cfg.input_mode,
+                                self.cfg.top_k_profile) for i in todo]
+        if self.cfg.verdict_readout == "probability":
+            for i, (p, e) in zip(todo, slot_a_probabilities(self.engine, prompts)):
+                out[i] = Evaluation((p,), None, plan=inputs[i].plan) if e is None else \
+                    Evaluation(None, e, plan=inputs[i].plan)
+            return out  # type: ignore[return-value]
+        generations = self.engine.generate(prompts, self.params) if prompts else []
+        if len(generations) != len(todo):
+            raise RuntimeError(f"engine returned {len(generations)} generations for {len(todo)} prompts")
+        for i, gen in zip(todo, generations):
+            plan = inputs[i].plan
+            out[i] = _failed(gen, plan)
+            if out[i] is None:
+                parsed = parse_verdict(gen.samples[0].text)
+                out[i] = Evaluation((1.0 if parsed.value == "A" else 0.0,), None, plan=plan) if parsed.ok else \
+                    Evaluation(None, parsed.error, plan=plan)
+        return out  # type: ignore[return-value]
 
     def _compact_view(self, req: RewardRequest) -> RewardRequest:
         """The request with its response and reference replaced by the compact rendering of the world attributes
@@ -302,11 +344,8 @@ class GenRMScorer(_ModelScorer):
             raise RuntimeError(f"engine returned {len(generations)} generations for {len(todo)} prompts")
         for i, gen in zip(todo, generations):
             plan = inputs[i].plan
-            if gen.error is not None:
-                out[i] = Evaluation(None, f"engine_error: {gen.error}", plan=plan)
-            elif not gen.samples:
-                out[i] = Evaluation(None, "empty", plan=plan)
-            else:
+            out[i] = _failed(gen, plan)
+            if out[i] is None:
                 parsed = parse_sec(gen.samples[0].text)
                 if parsed.ok:
                     sec = parsed.value

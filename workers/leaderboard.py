@@ -29,6 +29,7 @@ from pr_rlhf.leaderboard.data import (
     Item,
     embed_training,
     evaluation_items,
+    first_users,
     reference_outcomes,
     training_pairs,
 )
@@ -71,6 +72,7 @@ class Leaderboard:
         self.log = log
         self._embedder = None
         self._last_score_s = 0.0
+        self.labels = {**LABELS, **{name: row.label for name, row in cfg.models.items() if row.label}}
 
     @property
     def embedder(self) -> Any:
@@ -173,15 +175,18 @@ class Leaderboard:
             have = {(r["method"], r["k"]) for r in records}
             path = folder / "arms" / f"{name}.json"
             main = [it if it.group != "seen" or row.seen_history is None else
-                    replace(it, history=it.history[:row.seen_history]) for it in items]
+                    replace(it, history=it.history[:row.seen_history])
+                    for it in first_users(items, row.users_per_group)]
             sets = {} if path.is_file() else {"main": main}
-            sets.update({key: its for key, its in few.items() if (name, int(key[1:])) not in have})
+            if row.few_shot:
+                sets.update({key: first_users(its, row.users_per_group) for key, its in few.items()
+                             if (name, int(key[1:])) not in have})
             if sets:
                 cfg = leaderboard_model_reward(self.cfg, name)
                 scored = self.score_sets(cfg, sets)
                 if "main" in scored:
                     atomic_write_text(path, json.dumps(scored.pop("main")))
-                records += [self._few_shot_record(seed, name, int(key[1:]), few[key], result)
+                records += [self._few_shot_record(seed, name, int(key[1:]), sets[key], result)
                             for key, result in scored.items()]
                 if scored:
                     atomic_write_text(few_path, json.dumps(records))
@@ -279,9 +284,9 @@ class Leaderboard:
         atomic_write_text(self.out / "datasets" / f"{name}.json", json.dumps(result, indent=1) + "\n")
         unit = "queries" if spec.cluster == "query" else "users"
         atomic_write_text(self.out / "datasets" / f"{name}.md", table.markdown(
-            result, LABELS, f"{name} (licence: {spec.licence or 'see the source'})", unit=unit,
+            result, self.labels, f"{name} (licence: {spec.licence or 'see the source'})", unit=unit,
             scope=f"{len(items)} evaluation pairs of {len({it.user_id for it in items})} users"))
-        table.plot(result, self.out / "datasets" / f"{name}.png", LABELS)
+        table.plot(result, self.out / "datasets" / f"{name}.png", self.labels)
         self.log(f"dataset {name}: {len(items)} evaluation pairs, {len(training)} training pairs")
         return outcomes
 
@@ -401,8 +406,8 @@ class Leaderboard:
                                        n_bootstrap=self.cfg.n_bootstrap, seed=self.cfg.seed, costs=costs)
             atomic_write_text(self.out / f"{name}.json", json.dumps(result, indent=1) + "\n")
             title = "Leaderboard" if name == "leaderboard" else "Development worlds (settings chosen here)"
-            atomic_write_text(self.out / f"{name}.md", table.markdown(result, LABELS, title))
-            table.plot(result, self.out / f"{name}.png", LABELS)
+            atomic_write_text(self.out / f"{name}.md", table.markdown(result, self.labels, title))
+            table.plot(result, self.out / f"{name}.png", self.labels)
             out[name] = result
         if self.cfg.few_shot is not None:
             for name, seeds in (("few_shot", self.cfg.worlds), ("few_shot_development", self.cfg.development_worlds)):
@@ -414,8 +419,8 @@ class Leaderboard:
                     frame.save(self.out / f"w{frame.world}" / "few_shot_outcomes.json")
                 curve = table.few_shot_board(frames, self.cfg.n_bootstrap, self.cfg.seed)
                 atomic_write_text(self.out / f"{name}.json", json.dumps(curve, indent=1) + "\n")
-                atomic_write_text(self.out / f"{name}.md", table.few_shot_markdown(curve, LABELS))
-                table.few_shot_plot(curve, self.out / f"{name}.png", LABELS)
+                atomic_write_text(self.out / f"{name}.md", table.few_shot_markdown(curve, self.labels))
+                table.few_shot_plot(curve, self.out / f"{name}.png", self.labels)
                 out[name] = curve
             service = [r for s in self.cfg.few_shot.service_worlds for r in self.service_few_shot(s)]
             if service:

@@ -66,12 +66,19 @@ class ModelRow(StrictModel):
 
     reward: dict[str, Any] = Field(..., description="its reward config (any kind: a judge, a scalar RM folder, a "
                                                     "persona)")
+    label: str = Field("", description="its name in the tables and plots (default: the row's key)")
     worlds: list[int] | None = Field(None, description="the worlds it is scored on (None: every world); a model "
                                                        "trained on one world belongs to that world alone")
     datasets: bool = Field(False, description="also score it on the real pair sets")
     seen_history: int | None = Field(None, ge=0, description="the first history pairs a seen user's evaluated pair "
                                                              "gives it (None: all; a GenRM trained on 3-pair "
                                                              "histories reads 3)")
+    users_per_group: int | None = Field(None, ge=1, description="score only the first N users (by id) of each "
+                                        "group, seen and cold-start, every pair of theirs: a slow model on a sample "
+                                        "of users (its row and its paired differences then cover their pairs; "
+                                        "None: every user)")
+    few_shot: bool = Field(True, description="also score it on the few-shot sets (a row that reads no history is "
+                                             "flat there by construction)")
 
 
 class LeaderboardConfig(StrictModel):

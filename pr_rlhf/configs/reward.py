@@ -20,7 +20,9 @@ fields are typed :data:`RewardConfig` (the union) and code builds one with :func
 - ``"genrm"`` (:class:`GenRMRewardConfig`): a generative reward model on a local engine (``judge``).
   ``genrm_mode="sec_reference"``: the P-GenRM evaluation chain compares the response (slot response_1) with the
   request's reference answer (slot response_2) and the reward is the chain's final score of response_1 (1-10);
-  ``"pointwise"``: the pointwise prompt rates the response alone, 1-10. An optional planner turns the retrieved
+  ``"pointwise"``: the pointwise prompt rates the response alone, 1-10; ``"pairwise"``: the pairwise judge compares
+  the response (slot A) with the reference (slot B), the reward its verdict (1 / 0), or with
+  ``verdict_readout="probability"`` the judge's own probability of answering A. An optional planner turns the retrieved
   profile into rubric aspects first (``planner`` + ``input_mode="plan"``).
 - ``"http"`` (:class:`HTTPRewardConfig`): the same generative scorer through an OpenAI-compatible server (its
   ``judge`` is an ``openai`` engine).
@@ -161,8 +163,9 @@ class ModelRewardBase(RewardBase):
     """The model-based scorers (scalar, genrm, http): what they see about the user, and the optional planner."""
 
     generation: GenerationConfig = Field(default_factory=GenerationConfig, description="judge/planner sampling")
-    input_mode: Literal["none", "profile", "plan"] = Field(
-        "none", description="'profile': the top-k retrieved posts; 'plan': the planner's aspects (needs planner)")
+    input_mode: Literal["none", "profile", "plan", "history"] = Field(
+        "none", description="'profile': the top-k retrieved posts; 'plan': the planner's aspects (needs planner); "
+                            "'history': the user's first top-k history pairs (meta['history'])")
     top_k_profile: int = Field(10, ge=1)
     planner: EngineConfig | None = Field(None, description="planner engine (input_mode='plan'); an engine equal "
                                                            "to judge is shared")
@@ -188,9 +191,15 @@ class ScalarRewardConfig(ModelRewardBase):
 class GenRMRewardConfig(ModelRewardBase):
     kind: Literal["genrm"] = "genrm"
     judge: EngineConfig = Field(default_factory=engine_config, description="the generative RM's engine")
-    genrm_mode: Literal["sec_reference", "pointwise"] = Field(
+    genrm_mode: Literal["sec_reference", "pointwise", "pairwise"] = Field(
         "sec_reference", description="'sec_reference': SEC of (response, meta['reference']), reward = final score "
-                                     "of response_1; 'pointwise': the 1-10 pointwise rating")
+                                     "of response_1; 'pointwise': the 1-10 pointwise rating; 'pairwise': the "
+                                     "pairwise judge on (response in slot A, meta['reference'] in slot B)")
+    verdict_readout: Literal["text", "probability"] = Field(
+        "text", description="pairwise: the verdict the judge writes ('Result: A' -> 1, 'B' -> 0; unparsed: an "
+                            "error), or its probability of 'Result: A' against 'Result: B' read at the start of its "
+                            "answer (the judge writes nothing: a verdict for every pair, even from a model too small "
+                            "to write one; needs an engine that scores continuations)")
     use_stated_preferences: bool = Field(True, description="show stated preferences to the SEC judge")
     scaling: ScalingConfig | None = Field(None, description="test-time scaling (sec_reference): m chains per "
                                                             "request averaged, n neighbours' histories fused "
@@ -209,7 +218,7 @@ class GenRMRewardConfig(ModelRewardBase):
     @property
     def compares_with_reference(self) -> bool:
         """The chain judges each response against a reference answer (meta['reference'])."""
-        return self.genrm_mode == "sec_reference"
+        return self.genrm_mode in ("sec_reference", "pairwise")
 
     def engines(self) -> list[EngineRef]:
         return _with_planner([EngineRef("judge", self.judge, ("judge",))], self.planner)
@@ -227,6 +236,9 @@ class GenRMRewardConfig(ModelRewardBase):
             if self.scaling.n > 0 and not (self.scaling.prototypes.path and self.scaling_members):
                 raise ValueError("scaling.n > 0 needs scaling.prototypes.path (artifacts built by `pr-rlhf "
                                  "scaling`) and scaling_members (the shards of the member users)")
+        if self.verdict_readout != "text" and self.genrm_mode != "pairwise":
+            raise ValueError(f"verdict_readout {self.verdict_readout!r} reads the pairwise judge's verdict: set "
+                             f"genrm_mode 'pairwise' (it is {self.genrm_mode!r})")
         return self
 
 

@@ -28,6 +28,16 @@ class Item:
     history: list[dict] = field(default_factory=list)
 
 
+def first_users(items: Sequence[Item], per_group: int | None) -> list[Item]:
+    """The items of the first ``per_group`` users (by id) of each group, in their order (None: every item)."""
+    if per_group is None:
+        return list(items)
+    kept = {group: sorted({it.user_id for it in items if it.group == group})[:per_group]
+            for group in {it.group for it in items}}
+    chosen = {(group, user) for group, users in kept.items() for user in users}
+    return [it for it in items if (it.group, it.user_id) in chosen]
+
+
 def history_of(pairs: Sequence[WorldPair]) -> list[dict]:
     return [{"question": p.question, "chosen": p.chosen, "rejected": p.rejected} for p in pairs]
 

@@ -1,9 +1,10 @@
 """What a reward model may see for one pair, built from shard rows, and the blocks that describe the user.
 
 :class:`RMInput` never carries the rubric, the narrative or the record's meta (docs/protocols.md section 1): those are
-the evaluation's ground truth. The three input modes of docs/protocols.md section 2 map to :func:`user_block`:
+the evaluation's ground truth. The input modes of docs/protocols.md section 2 map to :func:`user_block`:
 ``"none"`` shows nothing about the user, ``"profile"`` the top-k retrieved posts (rendered by
-:func:`render_profile`), ``"plan"`` the planner's aspects as a numbered list.
+:func:`render_profile`), ``"plan"`` the planner's aspects as a numbered list, ``"history"`` the user's earlier
+choices (their history pairs: the judge "+ preference history" of SynthesizeMe's and P-GenRM's tables).
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from typing import Any, Literal
 
 from pr_rlhf.prompts import fragment
 
-InputMode = Literal["none", "profile", "plan"]
-INPUT_MODES: tuple[str, ...] = ("none", "profile", "plan")
+InputMode = Literal["none", "profile", "plan", "history"]
+INPUT_MODES: tuple[str, ...] = ("none", "profile", "plan", "history")
 
 
 @dataclass
@@ -114,7 +115,8 @@ def rm_input(pair: Any, history: Iterable[Any] = (), stated_preferences: str = "
 # ----------------------------------------------------------------------------------------------------------------
 
 def user_block(inp: RMInput, mode: InputMode, top_k: int) -> str:
-    """What the RM sees about the user: nothing, the top-k posts, or the planner's aspects.
+    """What the RM sees about the user: nothing, the top-k posts, the planner's aspects, or the user's first top-k
+    history pairs.
 
     Mode ``"plan"`` needs the planner to have run (``inp.plan`` not None); an empty plan shows nothing.
     """
@@ -127,6 +129,8 @@ def user_block(inp: RMInput, mode: InputMode, top_k: int) -> str:
             raise ValueError(f"pair {inp.pair_id!r}: input mode 'plan' needs the planner's aspects (run the "
                              f"Planner and attach them with with_plans first)")
         return plan_block(inp.plan)
+    if mode == "history":
+        return history_block(inp, top_k)
     raise ValueError(f"unknown input mode {mode!r}; expected one of {INPUT_MODES}")
 
 

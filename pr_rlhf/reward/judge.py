@@ -7,10 +7,16 @@ evaluation chain (response_1 = slot A, response_2 = slot B) and the higher final
 ``fmt="tagged"`` (reasoning RMs of the RM-R1 family) it closes with ``<answer>[[A]]</answer>``, with ``fmt="json"``
 (the R3 / mR3 family) it answers a JSON verdict (``pr_rlhf.reward.verdicts``).
 Honest accounting: a parse failure, a tie or an engine error is never correct.
+
+:func:`slot_a_probabilities` reads a verdict without letting the judge write: its probability of answering
+``Result: A`` against ``Result: B`` at the start of its answer, normalized over the two (the readout of G-Eval, Liu et
+al. 2023, section 2.3, applied to the two verdicts). A model too small to write a parseable judgement still gives a
+verdict for every pair this way.
 """
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -126,6 +132,27 @@ JUDGE_FORMATS: tuple[str, ...] = ("judge", "sec", "sec_compact", "tagged", "json
 # the free-form formats: their prompt template and verdict parser
 _FREE_FORMATS = {"judge": ("pairwise_judge", parse_verdict), "tagged": ("tagged_judge", parse_tagged_verdict),
                  "json": ("json_judge", parse_json_verdict)}
+
+
+VERDICT_LINES = ("Result: A", "Result: B")
+
+
+def slot_a_probabilities(engine: Engine, prompts: Sequence[list[dict]]) -> list[tuple[float | None, ErrorKind | None]]:
+    """For each prompt, P(``Result: A``) / (P(``Result: A``) + P(``Result: B``)) as the judge would answer it, or
+    ``(None, "engine_error")`` for a prompt the engine refuses (too long for the model). An engine that cannot score
+    continuations at all raises: that is a configuration to fix, not a pair to count."""
+    out: list[tuple[float | None, ErrorKind | None]] = []
+    for prompt in prompts:
+        try:
+            a, b = engine.score_continuations(prompt, list(VERDICT_LINES))
+        except ValueError:
+            out.append((None, "engine_error"))
+            continue
+        if not (math.isfinite(a) and math.isfinite(b)):
+            out.append((None, "engine_error"))
+            continue
+        out.append((1.0 / (1.0 + math.exp(b - a)) if b - a < 700 else 0.0, None))
+    return out
 
 
 class PairwiseJudge:

@@ -98,9 +98,10 @@ def normalize(weights: Sequence[float]) -> list[float]:
 def sec_prompt(inp: RMInput, response_1: str, response_2: str, *, mode: InputMode = "none", top_k: int = 10,
                use_stated: bool = True) -> list[dict]:
     """The P-GenRM prompt: the user's history triples, optional stated preferences and user block, the query and
-    the two responses in slot order."""
+    the two responses in slot order (the history shows once: mode ``"history"`` adds no user block)."""
     return chat("sec", history_block=history_block(inp), stated_block=stated_block(inp) if use_stated else "",
-                user_block=user_block(inp, mode, top_k), conversation_block=conversation_block(inp),
+                user_block="" if mode == "history" else user_block(inp, mode, top_k),
+                conversation_block=conversation_block(inp),
                 question=inp.question, response_1=response_1, response_2=response_2)
 
 

@@ -83,6 +83,8 @@ ADDED_SCALAR_RM_FIELDS = {"label": None, "trust_remote_code": False}
 # vLLM engine fields added after the baseline (issue 38). enforce_eager None: eager on CPU, as every engine was
 # built before; CUDA graphs on GPU (issue 49, on purpose). weight_transfer auto: gloo on CPU, nccl on GPU, the
 # backends the weight sync used before.
+# The GenRM's verdict readout, added with the pairwise mode (issue 50): the text it writes, as every GenRM read before
+ADDED_GENRM_FIELDS = {"verdict_readout": "text"}
 ADDED_VLLM_FIELDS = {"enforce_eager": None, "distributed_executor_backend": None, "weight_transfer": "auto",
                      "enable_sleep_mode": False}
 
@@ -184,6 +186,9 @@ def test_every_recipe_resolves_to_its_effective_settings_before(name):
             continue
         if path[-1] in ADDED_WORLD_FIELDS:
             assert now_leaves[path] == ADDED_WORLD_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"
+            continue
+        if path[-1] in ADDED_GENRM_FIELDS:
+            assert now_leaves[path] == ADDED_GENRM_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"
             continue
         if path[-1] in ADDED_VLLM_FIELDS:
             assert now_leaves[path] == ADDED_VLLM_FIELDS[path[-1]], f"{name}: {'.'.join(map(str, path))}"
