@@ -5,6 +5,7 @@ every write is stored, exactly once (the clients retry what is retryable: ``pr_r
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import signal
 import subprocess
@@ -46,11 +47,15 @@ class Service:
         self.process.wait(timeout=30)
 
     def stop(self) -> None:
+        """SIGTERM to the command alone, as `kill` or `docker stop` sends it (the whole group at once would kill
+        Serve's controller under the command's graceful shutdown, which then waits out Serve's 30 s), then SIGKILL
+        to whatever of its group is left."""
         if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
+            os.kill(self.process.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signal.SIGKILL)
 
 
@@ -132,3 +137,24 @@ def test_killed_during_200_concurrent_writes_every_write_is_stored_once(service)
     # each user's writes, once each (the poll's own write went to user-19: index -1 % 20)
     expected = {u: WRITES // USERS + (1 if u == (-1 % USERS) else 0) for u in range(USERS)}
     assert sizes == expected
+
+
+def test_stopped_the_moment_it_answers_it_shuts_down_gracefully(tmp_path):
+    """SIGTERM as soon as /health first answers (a supervisor's stop racing the start): the command stops Serve
+    (on a shared cluster the service would otherwise stay deployed after its command died) and exits 0."""
+    import httpx
+
+    svc = Service(tmp_path)
+    svc.start()
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{svc.url}/health", timeout=10).status_code == 200:
+                    break
+            time.sleep(0.05)
+        os.kill(svc.process.pid, signal.SIGTERM)
+        assert svc.process.wait(timeout=120) == 0, svc.log.read_text()[-3000:]
+        assert "stopping the reward service" in svc.log.read_text()
+    finally:
+        svc.stop()
