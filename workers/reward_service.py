@@ -288,15 +288,17 @@ def run_reward_service(cfg: ServeConfig, address: str | None = None, *, detach: 
     init_ray(address, num_cpus=max(os.cpu_count() or 1, 2, math.ceil(cpus_needed([replica_group(cfg)]))),
              worker_env=proxy_environment(cfg.route_prefix))
     check_declared([replica_group(cfg)])
-    on_ready(deploy(cfg))
     if detach:
+        on_ready(deploy(cfg))
         return
     # Ctrl-C and SIGTERM (`kill`, `docker stop`, `ray job stop`) stop it gracefully, whatever disposition it
     # inherited: a command started from a background job (`cmd &` in a script, CI) starts with SIGINT ignored,
-    # and Python then leaves it ignored
+    # and Python then leaves it ignored. Installed before the deployment: its routes answer before serve.run
+    # returns, and a stop sent then must still shut Serve down
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
+        on_ready(deploy(cfg))
         while True:
             # short sleeps: the kernel may hand Ctrl-C to one of Ray's threads, and Python raises it in the main
             # thread only once that thread runs again (a long sleep would hold it for its whole length)
