@@ -87,13 +87,16 @@ class Scorer(abc.ABC):
         """Release the engines the scorer built itself (none by default)."""
 
 
-def _failed(gen: Any, plan: list[str] | None) -> Evaluation | None:
-    """The evaluation of a generation the engine failed or left empty; None when there is text to parse."""
-    if gen.error is not None:
-        return Evaluation(None, f"engine_error: {gen.error}", plan=plan)
-    if not gen.samples:
-        return Evaluation(None, "empty", plan=plan)
-    return None
+def _with_reference(inputs: Sequence[RMInput], mode: str) -> tuple[list[Evaluation | None], list[int]]:
+    """(the evaluations so far: a request without a reference failed, the indices of those with one)."""
+    out: list[Evaluation | None] = [None] * len(inputs)
+    todo = []
+    for i, inp in enumerate(inputs):
+        if inp.rejected.strip():
+            todo.append(i)
+        else:
+            out[i] = Evaluation(None, f"missing_reference: {mode} needs meta['reference']", plan=inp.plan)
+    return out, todo
 
 
 def request_input(req: RewardRequest) -> RMInput:
@@ -280,28 +283,34 @@ class GenRMScorer(_ModelScorer):
         a pair scored in both orders compares each response's own slot-A score, so the position bias cancels."""
         from pr_rlhf.reward.judge import judge_prompt, parse_verdict, slot_a_probabilities
 
-        out: list[Evaluation | None] = [None] * len(inputs)
-        todo = [i for i, inp in enumerate(inputs) if inp.rejected.strip()]
-        for i in set(range(len(inputs))) - set(todo):
-            out[i] = Evaluation(None, "missing_reference: pairwise needs meta['reference']", plan=inputs[i].plan)
+        out, todo = _with_reference(inputs, "pairwise")
         prompts = [judge_prompt(inputs[i], inputs[i].chosen, inputs[i].rejected, self.cfg.input_mode,
                                 self.cfg.top_k_profile) for i in todo]
         if self.cfg.verdict_readout == "probability":
             for i, (p, e) in zip(todo, slot_a_probabilities(self.engine, prompts)):
-                out[i] = Evaluation((p,), None, plan=inputs[i].plan) if e is None else \
-                    Evaluation(None, e, plan=inputs[i].plan)
+                out[i] = Evaluation((p,) if e is None else None, e, plan=inputs[i].plan)
             return out  # type: ignore[return-value]
+        for i, text in self._texts(prompts, todo, inputs, out):
+            parsed = parse_verdict(text)
+            out[i] = Evaluation((1.0 if parsed.value == "A" else 0.0,) if parsed.ok else None, parsed.error,
+                                plan=inputs[i].plan)
+        return out  # type: ignore[return-value]
+
+    def _texts(self, prompts: list, todo: list[int], inputs: list[RMInput],
+               out: list[Evaluation | None]) -> list[tuple[int, str]]:
+        """(index, text) of each prompt the engine answered; a failed or empty generation is written into ``out``."""
         generations = self.engine.generate(prompts, self.params) if prompts else []
         if len(generations) != len(todo):
             raise RuntimeError(f"engine returned {len(generations)} generations for {len(todo)} prompts")
+        texts = []
         for i, gen in zip(todo, generations):
-            plan = inputs[i].plan
-            out[i] = _failed(gen, plan)
-            if out[i] is None:
-                parsed = parse_verdict(gen.samples[0].text)
-                out[i] = Evaluation((1.0 if parsed.value == "A" else 0.0,), None, plan=plan) if parsed.ok else \
-                    Evaluation(None, parsed.error, plan=plan)
-        return out  # type: ignore[return-value]
+            if gen.error is not None:
+                out[i] = Evaluation(None, f"engine_error: {gen.error}", plan=inputs[i].plan)
+            elif not gen.samples:
+                out[i] = Evaluation(None, "empty", plan=inputs[i].plan)
+            else:
+                texts.append((i, gen.samples[0].text))
+        return texts
 
     def _compact_view(self, req: RewardRequest) -> RewardRequest:
         """The request with its response and reference replaced by the compact rendering of the world attributes
@@ -323,13 +332,7 @@ class GenRMScorer(_ModelScorer):
     def _sec_reference(self, inputs: list[RMInput]) -> list[Evaluation]:
         from pr_rlhf.reward.sec import parse_sec, sec_compact_prompt, sec_prompt
 
-        out: list[Evaluation | None] = [None] * len(inputs)
-        todo = []
-        for i, inp in enumerate(inputs):
-            if inp.rejected.strip():
-                todo.append(i)
-            else:
-                out[i] = Evaluation(None, "missing_reference: sec_reference needs meta['reference']")
+        out, todo = _with_reference(inputs, "sec_reference")
         if self.cfg.scaling is not None and self.cfg.scaling.enabled:
             for i, evaluation in zip(todo, self._scaled([inputs[i] for i in todo])):
                 out[i] = evaluation
@@ -339,20 +342,14 @@ class GenRMScorer(_ModelScorer):
                    sec_prompt(inputs[i], inputs[i].chosen, inputs[i].rejected, mode=self.cfg.input_mode,
                               top_k=self.cfg.top_k_profile, use_stated=self.cfg.use_stated_preferences)
                    for i in todo]
-        generations = self.engine.generate(prompts, self.params) if prompts else []
-        if len(generations) != len(todo):
-            raise RuntimeError(f"engine returned {len(generations)} generations for {len(todo)} prompts")
-        for i, gen in zip(todo, generations):
-            plan = inputs[i].plan
-            out[i] = _failed(gen, plan)
-            if out[i] is None:
-                parsed = parse_sec(gen.samples[0].text)
-                if parsed.ok:
-                    sec = parsed.value
-                    out[i] = Evaluation((sec.final["response_1"], sec.final["response_2"]), None, sec.persona,
-                                        [{"name": c.name, "weight": c.weight} for c in sec.criteria], plan)
-                else:
-                    out[i] = Evaluation(None, parsed.error, plan=plan)
+        for i, text in self._texts(prompts, todo, inputs, out):
+            parsed = parse_sec(text)
+            if parsed.ok:
+                sec = parsed.value
+                out[i] = Evaluation((sec.final["response_1"], sec.final["response_2"]), None, sec.persona,
+                                    [{"name": c.name, "weight": c.weight} for c in sec.criteria], inputs[i].plan)
+            else:
+                out[i] = Evaluation(None, parsed.error, plan=inputs[i].plan)
         return out  # type: ignore[return-value]
 
     def _scaled(self, inputs: list[RMInput]) -> list[Evaluation]:

@@ -140,22 +140,9 @@ class Leaderboard:
         todo = [m for m in self.cfg.methods if not is_complete(folder / "models" / m)]
         if todo:
             self._train(where, folder, todo, training)
-        few_path = folder / "few_shot.json"
-        records = json.loads(few_path.read_text()) if few_path.is_file() else []
-        have = {(r["method"], r["k"]) for r in records}
         for method in self.cfg.methods:
-            path = folder / "arms" / f"{method}.json"
-            sets = {} if path.is_file() else {"main": items}
-            sets.update({key: its for key, its in few.items() if (method, int(key[1:])) not in have})
-            if sets:
-                scored = self.score_sets(self.method_config(method, folder / "models" / method, sets), sets)
-                if "main" in scored:
-                    atomic_write_text(path, json.dumps(scored.pop("main")))
-                records += [self._few_shot_record(seed, method, int(key[1:]), few[key], result)
-                            for key, result in scored.items()]
-                if scored:
-                    atomic_write_text(few_path, json.dumps(records))
-            saved = json.loads(path.read_text())
+            saved = self._score_row(folder, method, items, few, seed, lambda sets, m=method: self.method_config(
+                m, folder / "models" / m, sets))
             config = json.loads((folder / "models" / method / "config.json").read_text())
             arms[method] = self._with_failures(method, saved, items)
             costs[method] = {"train_s": config.get("train_s", float("nan")), "score_s": saved["score_s"]}
@@ -166,35 +153,39 @@ class Leaderboard:
         """The recipe's other reward models (``models``: any kind) scored once each on the pairs of the worlds (or
         sets) they are listed for, and through the same pool on the few-shot sets."""
         arms = {}
-        few_path = folder / "few_shot.json"
         for name, row in self.cfg.models.items():
             if (seed is None and not row.datasets) or (seed is not None and row.worlds is not None
                                                        and seed not in row.worlds):
                 continue
-            records = json.loads(few_path.read_text()) if few_path.is_file() else []
-            have = {(r["method"], r["k"]) for r in records}
-            path = folder / "arms" / f"{name}.json"
             main = [it if it.group != "seen" or row.seen_history is None else
                     replace(it, history=it.history[:row.seen_history])
                     for it in first_users(items, row.users_per_group)]
-            sets = {} if path.is_file() else {"main": main}
-            if row.few_shot:
-                sets.update({key: first_users(its, row.users_per_group) for key, its in few.items()
-                             if (name, int(key[1:])) not in have})
-            if sets:
-                cfg = leaderboard_model_reward(self.cfg, name)
-                scored = self.score_sets(cfg, sets)
-                if "main" in scored:
-                    atomic_write_text(path, json.dumps(scored.pop("main")))
-                records += [self._few_shot_record(seed, name, int(key[1:]), sets[key], result)
-                            for key, result in scored.items()]
-                if scored:
-                    atomic_write_text(few_path, json.dumps(records))
-                self.log(f"{folder.name}: scored {name}")
-            saved = json.loads(path.read_text())
+            sets = {key: first_users(its, row.users_per_group) for key, its in few.items()} if row.few_shot else {}
+            saved = self._score_row(folder, name, main, sets, seed, lambda _, n=name: leaderboard_model_reward(
+                self.cfg, n))
             arms[name] = self._with_failures(name, saved, main)
             costs[name] = {"score_s": saved["score_s"]}
         return arms
+
+    def _score_row(self, folder: Path, name: str, main: list[Item], few: dict[str, list[Item]], seed: int | None,
+                   config: Callable[[dict[str, list[Item]]], Any]) -> dict:
+        """Row ``name`` scored, unless it was, on ``main`` and on each few-shot set it has no record of, through one
+        pool hosting ``config(sets)``; returns its saved result on ``main``."""
+        path, few_path = folder / "arms" / f"{name}.json", folder / "few_shot.json"
+        records = json.loads(few_path.read_text()) if few_path.is_file() else []
+        have = {(r["method"], r["k"]) for r in records}
+        sets = {} if path.is_file() else {"main": main}
+        sets.update({key: its for key, its in few.items() if (name, int(key[1:])) not in have})
+        if sets:
+            scored = self.score_sets(config(sets), sets)
+            if "main" in scored:
+                atomic_write_text(path, json.dumps(scored.pop("main")))
+            records += [self._few_shot_record(seed, name, int(key[1:]), sets[key], result)
+                        for key, result in scored.items()]
+            if scored:
+                atomic_write_text(few_path, json.dumps(records))
+            self.log(f"{folder.name}: scored {name}")
+        return json.loads(path.read_text())
 
     def _with_failures(self, row: str, saved: dict, items: list[Item]) -> dict[str, float]:
         """A row's outcomes on every pair, a pair it failed to score as a coin flip (counted in the log and in the

@@ -42,7 +42,11 @@ def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
         "reuse": {"study": str(tmp_path / "study" / "w{world}" / "outcomes.json") + ":oracle_arm"},
         # another reward model scored on the same pairs (any kind): the world's prior-only estimate
         "models": {"prior_rm": {"reward": {"kind": "world_estimate", "world": {**WORLD, "seed": 1},
-                                           "estimator": "no_history"}, "worlds": [1]}},
+                                           "estimator": "no_history"}, "worlds": [1]},
+                   # a slow model's row on a sample of users, not on the few-shot sets, under a name of its own
+                   "prior_sampled": {"reward": {"kind": "world_estimate", "world": {**WORLD, "seed": 1},
+                                                "estimator": "no_history"}, "worlds": [1], "users_per_group": 2,
+                                     "few_shot": False, "label": "prior on two users per group"}},
         "against": "study", "n_bootstrap": 200,
         "few_shot": {"ks": [0, 2], "cold_start_history": 2, "service": ["pal"], "service_worlds": [1]}}}))
     out = tmp_path / "run"
@@ -53,6 +57,13 @@ def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
     assert {*METHODS, "oracle", "logistic_regression", "no_history", "oracle@all", "study", "prior_rm"} <= set(
         world.arms)
     assert set(world.groups) == {"seen", "cold"} and all(u.startswith("u") for u in world.users)
+    sampled = {(g, u) for g, u, a in zip(world.groups, world.users, world.arms["prior_sampled"]) if a is not None}
+    for group in ("seen", "cold"):   # every pair of the first two users of each group, and nothing else
+        first = sorted({u for g, u in zip(world.groups, world.users) if g == group})[:2]
+        assert {u for g, u in sampled if g == group} == set(first)
+        assert all(a is not None for g, u, a in zip(world.groups, world.users, world.arms["prior_sampled"])
+                   if g == group and u in first)
+    assert "prior on two users per group" in (out / "leaderboard.md").read_text()
     board = json.loads((out / "leaderboard.json").read_text())
     assert board["worlds"] == [1] and board["baseline"] == "bt_embedding" and board["against"] == "study"
     for row in METHODS:   # the table's accuracy is the outcomes' mean, on the pairs the row judged
