@@ -123,3 +123,24 @@ def test_first_users_keeps_every_pair_of_the_first_users_of_each_group():
                                                        ("cold", "cold-user1"), ("cold", "cold-user2")}
     assert len(kept) == 8 and kept == [it for it in items if it in kept]     # every pair of theirs, in order
     assert first_users(items, None) == items
+
+
+def test_the_probability_readout_on_a_real_model_is_its_own_two_verdict_probabilities():
+    """The tiny random-init model (transformers engine): every request gets a probability strictly inside (0, 1),
+    equal to the softmax of the engine's own log-probabilities of the two verdict lines."""
+    from pr_rlhf.configs.recipe import engine_config
+    from pr_rlhf.models import make_engine
+    from pr_rlhf.reward.judge import judge_prompt
+    from pr_rlhf.scorers import request_input
+
+    engine = make_engine(engine_config(backend="hf", model="tiny", max_model_len=2048))
+    try:
+        requests = [request("a short answer"), request("a long answer with steps", reference="short")]
+        got = scorer(engine, verdict_readout="probability", input_mode="history").score(requests)
+        for (p, error), req in zip(got, requests):
+            inp = request_input(req)
+            a, b = engine.score_continuations(judge_prompt(inp, inp.chosen, inp.rejected, "history", 10),
+                                              list(VERDICT_LINES))
+            assert error is None and 0 < p < 1 and p == pytest.approx(1 / (1 + math.exp(b - a)), abs=1e-6)
+    finally:
+        engine.close()
