@@ -56,3 +56,15 @@ def test_the_reused_pgenrm_rows_are_the_studys_own_outcomes():
                 continue
             theirs = dict(zip(study.pairs, study.arms[arm]))
             assert [theirs[p] for p in ours.pairs] == ours.arms[name], (world, name)
+
+
+def test_the_committed_judge_comparison_is_its_committed_outcomes():
+    """judge + history - judge (pre-registration addendum, prediction 15), paired on the judges' users."""
+    from tests.scripts import load_script
+
+    again = load_script("research/leaderboard_judges.py", "leaderboard_judges").judges_analysis()
+    assert again == committed("judges.json")
+    for name in ("reported", "development"):
+        for entry in again[name]["analysis"].values():   # every world of each set compared, on the sampled users
+            assert len(entry["worlds"]) == len(again[name]["worlds"])
+            assert all(w["users"] == 30 for w in entry["worlds"]), entry["worlds"]
