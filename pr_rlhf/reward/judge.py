@@ -151,7 +151,7 @@ def slot_a_probabilities(engine: Engine, prompts: Sequence[list[dict]]) -> list[
         if not (math.isfinite(a) and math.isfinite(b)):
             out.append((None, "engine_error"))
             continue
-        out.append((1.0 / (1.0 + math.exp(b - a)) if b - a < 700 else 0.0, None))
+        out.append((0.5 * (1.0 + math.tanh((a - b) / 2.0)), None))   # the logistic of a - b, without overflow
     return out
 
 
