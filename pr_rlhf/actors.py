@@ -297,7 +297,7 @@ def rm_groups(cfg: RMTrainConfig, cluster_gpus: float) -> list[ActorGroup]:
     lcfg = cfg.learner.model_copy(update={"model": cfg.model})
     groups.append(learner_group(lcfg, cluster_gpus, "rm.learner", "rm training",
                                 LearnerJob(lcfg, "rm.model", cfg.max_length, 0, False)))
-    if {"none", "profile"} & set(cfg.input_modes):
+    if set(cfg.input_modes) - {"plan"}:
         groups.append(rm_eval_task(cfg, cluster_gpus))
     if "plan" in cfg.input_modes:
         groups.append(rm_eval_task(cfg, cluster_gpus, plan_mode=True))

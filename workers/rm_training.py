@@ -1,7 +1,7 @@
 """`pr-rlhf train-rm`: Bradley-Terry scalar reward models on the learner ranks, one per input mode, each exported
 as an HF model folder and evaluated on held-out pairs, then the per-mode report.
 
-For each mode (none / profile / plan): the seen users' training pairs encoded as the scalar RM reads them
+For each mode (none / profile / plan / history): the seen users' training pairs encoded as the scalar RM reads them
 (``pr_rlhf.rm.data``), ``steps`` Bradley-Terry updates on a ``LearnerGroup`` with ``trains: reward_model``
 (FSDP2 ranks or one plain module) under the supervised stage's learning-rate schedule, checkpoints every
 ``checkpoint_every`` steps (a rerun resumes; a finished mode is skipped), the model exported to ``<out>/<mode>/model``
@@ -54,7 +54,8 @@ def eval_recipe(recipe: Recipe, mode: str, model_dir: Path, out: Path) -> Recipe
     cfg = recipe.rm
     planner = {"planner": cfg.planner, "judge": cfg.planner} if cfg.planner is not None else {}
     section = EvalConfig(shards=cfg.shards, split=cfg.eval.split, users=cfg.eval.users, max_pairs=cfg.eval.max_pairs,
-                         modes=["pointwise"], inputs=[mode], pointwise_model="scalar", history_pairs=0,
+                         modes=["pointwise"], inputs=[mode], pointwise_model="scalar",
+                         history_pairs=cfg.top_k_profile if mode == "history" else 0,
                          top_k_profile=cfg.top_k_profile, planner_max_aspects=cfg.planner_max_aspects,
                          n_bootstrap=cfg.eval.n_bootstrap, out=str(out), generation=cfg.planner_generation,
                          scalar_rm=rm_eval_scalar_rm(cfg).model_copy(update={"model": str(model_dir)}), **planner)
@@ -92,7 +93,7 @@ class RMTrainer:
         if is_complete(model_dir):
             self.log(f"{mode}: {model_dir} is complete, not retrained")
             return model_dir
-        data = training_pairs(cfg.shards, cfg.train_split)
+        data = training_pairs(cfg.shards, cfg.train_split, cfg.top_k_profile if mode == "history" else 0)
         inputs = plan_inputs(cfg, data.inputs, self.out / "plans_train.json", self.recipe.seed) \
             if mode == "plan" else data.inputs
         backbone = resolve_model(cfg.model)

@@ -157,7 +157,9 @@ class EvalConfig(StrictModel):
     subsets: list[str] | None = None
     max_pairs: int | None = Field(None, ge=1, description="evaluate a seeded sample of at most this many pairs")
     modes: list[Literal["pointwise", "pairwise"]] = Field(default_factory=lambda: ["pointwise", "pairwise"])
-    inputs: list[Literal["none", "profile", "plan"]] = Field(default_factory=lambda: ["none", "profile", "plan"])
+    inputs: list[Literal["none", "profile", "plan", "history"]] = Field(
+        default_factory=lambda: ["none", "profile", "plan"], description="what an RM sees about the user: nothing, "
+        "the top-k posts, the planner's rubric, the user's first history_pairs train pairs")
     pointwise_model: Literal["scalar", "generative"] = Field("scalar", description="'scalar': sequence-"
         "classification RM; 'generative': the judge engine rates each answer 1-10")
     pairwise_format: Literal["judge", "sec", "sec_compact", "tagged", "json"] = Field(

@@ -2,7 +2,7 @@
 recipe.
 
 Pydantic only (no torch, no Ray). One scalar RM is trained per input mode (what it sees about the user: nothing,
-the top-k profile posts, or the planner's rubric) on the seen users' training pairs, on the learner ranks, then
+the top-k profile posts, the planner's rubric, or the user's preference history) on the seen users' training pairs, on the learner ranks, then
 evaluated by ``pr-rlhf eval``'s pointwise cell on held-out pairs.
 """
 from __future__ import annotations
@@ -46,10 +46,11 @@ class RMTrainConfig(SFTStageConfig):
     seed: int = 0
     model: str = Field("tiny", description="backbone: 'tiny' (built from a config), 'smollm2', or any local HF "
                                            "decoder directory; a fresh scalar head is put on it")
-    input_modes: list[Literal["none", "profile", "plan"]] = Field(
+    input_modes: list[Literal["none", "profile", "plan", "history"]] = Field(
         default_factory=lambda: ["none", "profile"], description="one RM per mode: w/o profile, w/ the top-k "
-                                                                 "retrieved posts, w/ the planner's rubric")
-    top_k_profile: int = Field(10, ge=1)
+                                                                 "retrieved posts, w/ the planner's rubric, w/ the "
+                                                                 "user's first top-k other history pairs")
+    top_k_profile: int = Field(10, ge=1, description="posts shown in mode 'profile', history pairs in 'history'")
     max_length: int = Field(1024, ge=16, description="tokens per (user block + question, answer); the user "
                                                      "block is cut first (pr_rlhf.reward.scalar)")
     train_split: str = Field("train", description="pairs of seen users in this split are trained on; cold-start "

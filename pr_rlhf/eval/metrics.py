@@ -37,7 +37,7 @@ import numpy as np
 from pr_rlhf.stats import CI_LEVEL, bootstrap_ci, cluster_ids, seeded_rng
 
 MODES = ("pointwise", "pairwise")
-KNOWN_INPUTS = ("none", "profile", "plan")     # EvalConfig.inputs; other non-empty names are accepted too
+KNOWN_INPUTS = ("none", "profile", "plan", "history")     # EvalConfig.inputs; other non-empty names are accepted too
 SLOTS = ("A", "B")
 
 Mode = Literal["pointwise", "pairwise"]

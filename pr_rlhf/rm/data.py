@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pr_rlhf.reward.inputs import InputMode, RMInput, rm_inputs_from_rows
+from pr_rlhf.reward.inputs import InputMode, RMInput, history_rows_by_user, rm_inputs_from_rows
 from pr_rlhf.reward.scalar import ScalarRMEncoder
 from pr_rlhf.shards import ShardReader
 
@@ -28,8 +28,10 @@ class TrainingPairs:
     cold_start_users_excluded: int
 
 
-def training_pairs(shards: str, split: str) -> TrainingPairs:
-    """The pairs of ``split`` whose users are not cold-start users (the profiles table's flag)."""
+def training_pairs(shards: str, split: str, history_pairs: int = 0) -> TrainingPairs:
+    """The pairs of ``split`` whose users are not cold-start users (the profiles table's flag), each with the
+    user's first ``history_pairs`` train pairs other than itself (what an RM in input mode 'history' reads; at
+    evaluation a held-out pair gets the first ``history_pairs`` of them)."""
     reader = ShardReader(shards)
     if split not in reader.splits("pairs"):
         raise TrainingDataError(f"{shards}: no pairs in split {split!r} (splits: {reader.splits('pairs')})")
@@ -38,7 +40,9 @@ def training_pairs(shards: str, split: str) -> TrainingPairs:
     rows = [r for r in reader.iter_rows("pairs", split) if (r["user_id"], r["subset"]) not in cold]
     if not rows:
         raise TrainingDataError(f"{shards}: no {split} pairs of seen users to train on")
-    return TrainingPairs(rm_inputs_from_rows(rows, None, profiles, 0),
+    histories = history_rows_by_user(reader.iter_rows("histories"), reader.iter_rows("pairs", "train")) \
+        if history_pairs > 0 else None
+    return TrainingPairs(rm_inputs_from_rows(rows, histories, profiles, history_pairs),
                          len({(r["user_id"], r["subset"]) for r in rows}), len(cold))
 
 

@@ -34,6 +34,14 @@ def test_training_pairs_never_include_cold_start_users(tmp_path):
     assert len(data.inputs) == 6 * 3 and not {inp.user_id for inp in data.inputs} & cold
     with pytest.raises(ValueError, match="no pairs in split 'nope'"):
         training_pairs(str(tmp_path / "s"), "nope")
+    # input mode 'history': each pair with the user's first k train pairs other than itself, in their order
+    reader = ShardReader(str(tmp_path / "s"))
+    order = {r["user_id"]: r["pair_ids"] for r in reader.iter_rows("histories")}
+    text = {r["pair_id"]: r["question"] for r in reader.iter_rows("pairs", "train")}
+    for inp in training_pairs(str(tmp_path / "s"), "train", history_pairs=2).inputs:
+        others = [p for p in order[inp.user_id] if p != inp.pair_id][:2]
+        assert [h["question"] for h in inp.history] == [text[p] for p in others]
+    assert all(not inp.history for inp in data.inputs)
 
 
 def test_rm_section_validation_and_defaults():
@@ -43,6 +51,7 @@ def test_rm_section_validation_and_defaults():
         RMTrainConfig(input_modes=["none", "plan"])
     with pytest.raises(ValueError, match="twice"):
         RMTrainConfig(input_modes=["none", "none"])
+    assert RMTrainConfig(input_modes=["none", "history"]).input_modes == ["none", "history"]
     with pytest.raises(ValueError, match="trains"):
         RMTrainConfig(learner={"trains": "policy"})
     with pytest.raises(RecipeError, match="rm.steps"):
