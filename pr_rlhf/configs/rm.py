@@ -2,8 +2,8 @@
 recipe.
 
 Pydantic only (no torch, no Ray). One scalar RM is trained per input mode (what it sees about the user: nothing,
-the top-k profile posts, the planner's rubric, or the user's preference history) on the seen users' training pairs, on the learner ranks, then
-evaluated by ``pr-rlhf eval``'s pointwise cell on held-out pairs.
+the top-k profile posts, the planner's rubric, or the user's preference history) on the seen users' training
+pairs, on the learner ranks, then evaluated by ``pr-rlhf eval``'s pointwise cell on held-out pairs.
 """
 from __future__ import annotations
 
