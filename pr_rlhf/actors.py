@@ -307,10 +307,24 @@ def rm_groups(cfg: RMTrainConfig, cluster_gpus: float) -> list[ActorGroup]:
 LEADERBOARD_SERVICE_CPUS = 1.0   # the few-shot curve's one service replica (an embedding model on the CPU)
 
 
-def leaderboard_model_reward(cfg: LeaderboardConfig, name: str) -> RewardBase:
+def leaderboard_model_reward(cfg: LeaderboardConfig, name: str, world: int | None = None) -> RewardBase:
     """The reward config of the leaderboard's model row ``name``: its own, on the leaderboard's pool unless it
-    sets one (``workers.leaderboard``)."""
-    return reward_config(**{"pool": cfg.pool.model_dump(), **cfg.models[name].reward})
+    sets one (``workers.leaderboard``), ``{world}`` in its strings replaced by ``world`` (a model trained per
+    world; left as written when no world is given, as in the pre-flight check)."""
+    return reward_config(**{"pool": cfg.pool.model_dump(), **with_world(cfg.models[name].reward, world)})
+
+
+def with_world(value: Any, world: int | None) -> Any:
+    """``value`` (a config's nested dicts, lists and strings) with ``{world}`` in its strings replaced."""
+    if world is None:
+        return value
+    if isinstance(value, str):
+        return value.replace("{world}", str(world))
+    if isinstance(value, dict):
+        return {k: with_world(v, world) for k, v in value.items()}
+    if isinstance(value, list):
+        return [with_world(v, world) for v in value]
+    return value
 
 
 def leaderboard_groups(cfg: LeaderboardConfig) -> list[ActorGroup]:

@@ -162,7 +162,7 @@ class Leaderboard:
                     for it in first_users(items, row.users_per_group)]
             sets = {key: first_users(its, row.users_per_group) for key, its in few.items()} if row.few_shot else {}
             saved = self._score_row(folder, name, main, sets, seed, lambda _, n=name: leaderboard_model_reward(
-                self.cfg, n))
+                self.cfg, n, seed))
             arms[name] = self._with_failures(name, saved, main)
             costs[name] = {"score_s": saved["score_s"]}
         return arms

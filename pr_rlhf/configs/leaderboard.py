@@ -65,7 +65,8 @@ class ModelRow(StrictModel):
     history)."""
 
     reward: dict[str, Any] = Field(..., description="its reward config (any kind: a judge, a scalar RM folder, a "
-                                                    "persona)")
+                                                    "persona); '{world}' in a string is the scored world's seed "
+                                                    "(a model trained per world: runs/rm/w{world}/model)")
     label: str = Field("", description="its name in the tables and plots (default: the row's key)")
     worlds: list[int] | None = Field(None, description="the worlds it is scored on (None: every world); a model "
                                                        "trained on one world belongs to that world alone")
@@ -79,6 +80,13 @@ class ModelRow(StrictModel):
                                         "None: every user)")
     few_shot: bool = Field(True, description="also score it on the few-shot sets (a row that reads no history is "
                                              "flat there by construction)")
+
+    @model_validator(mode="after")
+    def _per_world_models_stay_on_worlds(self) -> ModelRow:
+        if self.datasets and "{world}" in repr(self.reward):
+            raise ValueError("a reward naming '{world}' (a model per world) cannot be scored on the real pair sets "
+                             "(datasets: true)")
+        return self
 
 
 class LeaderboardConfig(StrictModel):
