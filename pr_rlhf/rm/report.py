@@ -24,7 +24,8 @@ from pr_rlhf.report_files import ReportFiles, write_report_files
 from pr_rlhf.shards import ShardReader
 from pr_rlhf.stats import mean_ci
 
-MODE_NAMES = {"none": "w/o profile", "profile": "w/ profile (top-k posts)", "plan": "w/ plan (planner rubric)"}
+MODE_NAMES = {"none": "w/o profile", "profile": "w/ profile (top-k posts)", "plan": "w/ plan (planner rubric)",
+              "history": "w/ history (top-k history pairs)"}
 BASELINE = "none"
 
 
