@@ -51,11 +51,10 @@ def plan(recipe: Path = typer.Argument(..., help="recipe YAML (train:, rl_sweep:
         fail(f"{recipe}: {exc}")
         raise
     print_plan(result)
-    if resolved.train is not None and resolved.train.rollout_num_gpus > 0:   # the rollout on GPUs: a layout to choose
-        print_layouts(resolved, lambda run: make_plan(run, str(recipe), nodes, gpus_per_node, gpu_mem_gb, host_mem_gb,
-                                                       parse_model_configs(model_config),
-                                                       nvlink_gb_s or NVLINK_GB_S, network_gb_s or NETWORK_GB_S),
-                      parse_model_configs(model_config))
+    print_layouts(resolved, lambda run: make_plan(run, str(recipe), nodes, gpus_per_node, gpu_mem_gb, host_mem_gb,
+                                                   parse_model_configs(model_config),
+                                                   nvlink_gb_s or NVLINK_GB_S, network_gb_s or NETWORK_GB_S),
+                  parse_model_configs(model_config))
     if not result.fits:
         fail(f"{recipe} does not fit {nodes} node(s) x {gpus_per_node} GPUs x {gpu_mem_gb:g} GiB, "
               f"{host_mem_gb:g} GiB host:\n  " + "\n  ".join(result.problems))
@@ -64,23 +63,29 @@ def plan(recipe: Path = typer.Argument(..., help="recipe YAML (train:, rl_sweep:
 
 
 def print_layouts(recipe, plan_of, model_configs: dict[str, str]) -> None:
-    """The RL run in both layouts (split, colocated) on this cluster: per phase the GPUs busy, the memory per GPU at
-    the phase's peak and an estimated time; the step, the share of held GPU time busy, and the layout chosen."""
+    """Each RL section whose rollout runs on GPUs (the RL run, the P-GenRM GRPO stages) in both layouts (split,
+    colocated) on this cluster: per phase the GPUs busy, the memory per GPU at the phase's peak and an estimated time;
+    the step, the share of held GPU time busy, and the layout chosen."""
     from pr_rlhf.planning import Models
-    from pr_rlhf.planning.layouts import ASSUMPTIONS, choose, estimate
+    from pr_rlhf.planning.layouts import ASSUMPTIONS, choose, estimate, rl_sections
 
     models = Models(model_configs)
-    estimates = [estimate(recipe, layout, plan_of, models) for layout in ("split", "colocated")]
-    console.print("[bold]train, both layouts[/] (estimates; the reward pool apart):", highlight=False)
-    for e in estimates:
-        phases = " | ".join(f"{p} {e.phases[p][0]:g} GPUs x {e.phases[p][1]:.1f} GiB, {e.phases[p][2]:.2f} s"
-                            for p in ("rollout", "update"))
-        console.print(f"  {e.layout}{' (the recipe)' if e.layout == recipe.train.layout else ''}: {e.gpus:g} GPUs | "
-                      f"{phases} | sync {e.phases['sync'][2]:.2f} s | step {e.step_s:.2f} s, {e.utilization:.0%} "
-                      f"busy | {'fits' if e.fits else 'does not fit'}", highlight=False, soft_wrap=True)
-    best, why = choose(estimates)
-    console.print(f"  layout: {why}" if best is None else f"  layout chosen: {why}", highlight=False, soft_wrap=True)
-    console.print(f"assumed (layouts): {ASSUMPTIONS}", highlight=False, soft_wrap=True)
+    sections = rl_sections(recipe)
+    for rl in sections:
+        estimates = [estimate(recipe, layout, plan_of, models, rl) for layout in ("split", "colocated")]
+        console.print(f"[bold]{rl.title}, both layouts[/] (estimates; the reward pool apart):", highlight=False)
+        for e in estimates:
+            phases = " | ".join(f"{p} {e.phases[p][0]:g} GPUs x {e.phases[p][1]:.1f} GiB, {e.phases[p][2]:.2f} s"
+                                for p in ("rollout", "update"))
+            console.print(f"  {e.layout}{' (the recipe)' if e.layout == rl.config.layout else ''}: {e.gpus:g} GPUs "
+                          f"| {phases} | sync {e.phases['sync'][2]:.2f} s | step {e.step_s:.2f} s, "
+                          f"{e.utilization:.0%} busy | {'fits' if e.fits else 'does not fit'}", highlight=False,
+                          soft_wrap=True)
+        best, why = choose(estimates)
+        console.print(f"  layout: {why}" if best is None else f"  layout chosen: {why}", highlight=False,
+                      soft_wrap=True)
+    if sections:
+        console.print(f"assumed (layouts): {ASSUMPTIONS}", highlight=False, soft_wrap=True)
 
 
 def print_plan(result) -> None:

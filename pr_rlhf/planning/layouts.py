@@ -1,7 +1,7 @@
-"""`pr-rlhf plan`'s two layouts of an RL run (``train.layout``): split (rollout engines on GPUs of their own) and
-colocated (one engine on each learner rank's GPU, asleep during the update), each planned on the cluster given, with
-per phase the GPUs busy, the memory per GPU at the phase's peak and an estimated time, and the layout the plan would
-choose.
+"""`pr-rlhf plan`'s two layouts of an RL run (``train.layout``; the P-GenRM GRPO stages' ``pgenrm.layout``): split
+(rollout engines on GPUs of their own) and colocated (one engine on each learner rank's GPU, asleep during the
+update), each planned on the cluster given, with per phase the GPUs busy, the memory per GPU at the phase's peak and
+an estimated time, and the layout the plan would choose.
 
 The times are estimates from stated assumptions, not measurements: decoding is memory-bound (each decode step of an
 engine reads its weights once for the whole batch), the update is compute-bound (6 FLOPs per parameter and token for
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from pr_rlhf.configs.recipe import Recipe
 from pr_rlhf.planning.models import DTYPE_BYTES, GIB, Models
@@ -55,48 +56,86 @@ class LayoutEstimate:
         return self.samples / (self.gpus * self.step_s) if self.gpus and self.step_s else 0.0
 
 
-def variant(recipe: Recipe, layout: str) -> Recipe:
-    """The recipe in ``layout``: as written when it is already; colocated, one engine per learner rank taking 0.4 of
-    its GPU; split from colocated, one engine per two ranks on a GPU of its own (``tensor_parallel_size`` GPUs)."""
+@dataclass
+class RLSection:
+    """What the layouts are estimated from, for each section of a recipe that runs a rollout: the RL run's
+    ``train:`` or the P-GenRM GRPO stages' ``pgenrm:`` (one stage's sizes; the others share the layout)."""
+
+    title: str              # as the plan names its phase
+    section: str            # the recipe's section holding the layout fields
+    config: Any             # that section (RolloutLayout fields, learner, rollout)
+    samples: int            # samples per step
+    max_tokens: int
+    extra_forwards: int     # forwards beside the update's: the proximal log-probs, the reference
+    critic: bool
+    rollout_mode: str
+
+
+def rl_sections(recipe: Recipe) -> list[RLSection]:
+    """Each section of ``recipe`` whose rollout runs on GPUs (a layout to choose)."""
+    out = []
     train = recipe.train
-    if train.layout == layout:
+    if train is not None and train.rollout_num_gpus > 0:
+        lcfg = train.learner
+        samples = train.prompts_per_step * train.group_size
+        out.append(RLSection("train", "train", train, samples, train.max_tokens,
+                             (not lcfg.single_update(samples)) + (lcfg.kl.coef > 0), lcfg.critic.enabled,
+                             train.rollout_mode))
+    pg = recipe.pgenrm
+    stages = [s for s in (pg.stages if pg is not None else []) if s in ("cre", "curriculum", "control")]
+    if pg is not None and pg.rollout_num_gpus > 0 and stages:
+        stage = pg.stage_config(stages[0])
+        samples = stage.prompts_per_step * stage.group_size
+        out.append(RLSection(f"pgenrm GRPO ({stages[0]})", "pgenrm", pg, samples, stage.max_tokens,
+                             (not pg.learner.single_update(samples)) + (stage.kl.coef > 0), False, "sync"))
+    return out
+
+
+def variant(recipe: Recipe, rl: RLSection, layout: str) -> Recipe:
+    """The recipe with ``rl``'s section in ``layout``: as written when it is already; colocated, one engine per
+    learner rank taking 0.4 of its GPU; split from colocated, one engine per two ranks on a GPU of its own
+    (``tensor_parallel_size`` GPUs)."""
+    cfg = rl.config
+    if cfg.layout == layout:
         return recipe
     if layout == "colocated":
-        update = {"layout": "colocated", "rollout_workers": train.learner.world_size, "rollout_mode": "sync",
-                  "rollout_num_gpus": 0.4 if train.rollout_num_gpus else 0.0}
+        update = {"layout": "colocated", "rollout_workers": cfg.learner.world_size,
+                  "rollout_num_gpus": 0.4 if cfg.rollout_num_gpus else 0.0}
+        if rl.section == "train":
+            update["rollout_mode"] = "sync"
     else:
-        update = {"layout": "split", "rollout_workers": max(1, train.learner.world_size // 2),
-                  "rollout_num_gpus": float(getattr(train.rollout, "tensor_parallel_size", 1))
-                  if train.rollout_num_gpus else 0.0}
-    return recipe.model_copy(update={"train": train.model_copy(update=update)})
+        update = {"layout": "split", "rollout_workers": max(1, cfg.learner.world_size // 2),
+                  "rollout_num_gpus": float(getattr(cfg.rollout, "tensor_parallel_size", 1))
+                  if cfg.rollout_num_gpus else 0.0}
+    return recipe.model_copy(update={rl.section: cfg.model_copy(update=update)})
 
 
-def estimate(recipe: Recipe, layout: str, plan_of, models: Models) -> LayoutEstimate:
-    """``plan_of(recipe)``: :func:`pr_rlhf.planning.placement.make_plan` on the cluster given."""
-    run = variant(recipe, layout)
-    train = run.train
+def estimate(recipe: Recipe, layout: str, plan_of, models: Models, rl: RLSection | None = None) -> LayoutEstimate:
+    """``rl`` (default: the recipe's first section with a GPU rollout) in ``layout``; ``plan_of(recipe)``:
+    :func:`pr_rlhf.planning.placement.make_plan` on the cluster given."""
+    rl = rl or rl_sections(recipe)[0]
+    run = variant(recipe, rl, layout)
+    cfg = getattr(run, rl.section)
     plan = plan_of(run)
-    phase = next(p for p in plan.phases if any(x.actor.name.startswith("learner rank") for x in p.placed))
+    phase = next(p for p in plan.phases if p.phase.name.startswith(rl.title.split(" (")[0])
+                 and any(x.actor.name.startswith("learner rank") for x in p.placed))
     learners = [p.actor for p in phase.placed if p.actor.name.startswith("learner rank")]
     engines = [p.actor for p in phase.placed if p.actor.name.startswith("rollout worker")]
-    arch = models.get(train.learner.model)
+    arch = models.get(cfg.learner.model)
     params = arch.params() if arch else 0.0
-    b = DTYPE_BYTES.get(getattr(train.rollout, "dtype", "bfloat16"), 2)
-    tp = getattr(train.rollout, "tensor_parallel_size", 1)
-    samples = train.prompts_per_step * train.group_size
-    n_engines = train.rollout_workers
-    batches = math.ceil(samples / n_engines / DECODE_BATCH)
-    rollout_s = train.max_tokens * batches * (b * params / tp) / (HBM_GB_S * 1e9 * DECODE_EFFICIENCY)
-    tokens = samples * PROMPT_SHARE * train.rollout.max_model_len
-    lcfg = train.learner
-    flops = params * tokens * (6 * lcfg.ppo_epochs + 2 * (not lcfg.single_update(samples))
-                               + 2 * (lcfg.kl.coef > 0) + 8 * lcfg.critic.enabled)
+    b = DTYPE_BYTES.get(getattr(cfg.rollout, "dtype", "bfloat16"), 2)
+    tp = getattr(cfg.rollout, "tensor_parallel_size", 1)
+    n_engines = cfg.rollout_workers
+    batches = math.ceil(rl.samples / n_engines / DECODE_BATCH)
+    rollout_s = rl.max_tokens * batches * (b * params / tp) / (HBM_GB_S * 1e9 * DECODE_EFFICIENCY)
+    tokens = rl.samples * PROMPT_SHARE * cfg.rollout.max_model_len
+    flops = params * tokens * (6 * cfg.learner.ppo_epochs + 2 * rl.extra_forwards + 8 * rl.critic)
     learner_gpus = sum(a.gpus for a in learners)
     update_s = flops / (max(learner_gpus, 1) * PEAK_TFLOPS * 1e12 * MFU)
     weights = b * params * n_engines
     colocated = layout == "colocated"
     sync_s = weights / ((PCIE_GB_S if colocated else NVLINK_GB_S) * 1e9) * (2 if colocated else 1)
-    sleep_s = 2 * b * params / (PCIE_GB_S * 1e9) if colocated and train.sleep_level == 1 else 0.0
+    sleep_s = 2 * b * params / (PCIE_GB_S * 1e9) if colocated and cfg.sleep_level == 1 else 0.0
     if colocated:
         roll_mem = max((a.phase_bytes.get("rollout", 0.0) for a in learners), default=0.0) / GIB
         upd_mem = max((a.phase_bytes.get("update", 0.0) for a in learners), default=0.0) / GIB
@@ -109,9 +148,9 @@ def estimate(recipe: Recipe, layout: str, plan_of, models: Models) -> LayoutEsti
     phases = {"rollout": (rollout_gpus, roll_mem, rollout_s), "update": (learner_gpus, upd_mem, update_s),
               "sync": (gpus, 0.0, sync_s + sleep_s)}
     step = rollout_s + update_s + sync_s + sleep_s
-    if train.rollout_mode == "one_step_off":
+    if getattr(cfg, "rollout_mode", "sync") == "one_step_off":
         step = max(rollout_s, update_s) + sync_s
-    return LayoutEstimate(layout, plan.fits, plan.problems, gpus, phases, step, samples)
+    return LayoutEstimate(layout, plan.fits, plan.problems, gpus, phases, step, rl.samples)
 
 
 def choose(estimates: list[LayoutEstimate]) -> tuple[LayoutEstimate | None, str]:

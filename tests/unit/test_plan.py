@@ -293,3 +293,25 @@ def test_plan_shows_both_layouts_per_phase_and_chooses_one():
     assert colocated.phases["update"][2] == pytest.approx(flops / (4 * PEAK_TFLOPS * 1e12 * MFU))
     best, why = choose([split, colocated])
     assert best is colocated and colocated.utilization > split.utilization and "split" in why
+
+
+@pytest.mark.parametrize("name", ["pgenrm_pipeline.yaml", "pgenrm_real.yaml"])
+def test_the_pgenrm_grpo_stages_plan_both_layouts_and_choose_colocated(name):
+    """The P-GenRM GPU recipes' GRPO stages (their rollout on GPUs) are compared in both layouts like the RL run: the
+    split variant holds its own rollout GPUs beside the 8 learner ranks, the colocated one none, and the plan picks
+    the colocated one, which the recipes run."""
+    from pr_rlhf.configs.recipe import load_recipe
+    from pr_rlhf.planning import make_plan
+    from pr_rlhf.planning.layouts import choose, estimate, rl_sections
+
+    res = plan(f"recipes/gpu/{name}", *CLUSTER_2x8)
+    assert res.exit_code == 0, res.output
+    assert "pgenrm GRPO (cre), both layouts" in res.output and "layout chosen: colocated" in res.output
+    recipe = load_recipe(ROOT / "recipes" / "gpu" / name)
+    (rl,) = rl_sections(recipe)
+    assert rl.section == "pgenrm" and rl.config.layout == "colocated"
+    ranks = recipe.pgenrm.learner.world_size
+    split, colocated = (estimate(recipe, layout, lambda run: make_plan(run, name, 2, 8, 80.0, 1000.0), Models(), rl)
+                        for layout in ("split", "colocated"))
+    assert colocated.gpus == ranks and split.gpus > ranks and split.fits and colocated.fits
+    assert choose([split, colocated])[0] is colocated
