@@ -73,10 +73,11 @@ def print_layouts(recipe, plan_of, model_configs: dict[str, str]) -> None:
     sections = rl_sections(recipe)
     for rl in sections:
         estimates = [estimate(recipe, layout, plan_of, models, rl) for layout in ("split", "colocated")]
-        console.print(f"[bold]{rl.title}, both layouts[/] (estimates; the reward pool apart):", highlight=False)
+        console.print(f"[bold]{rl.title}, both layouts[/] (estimates; the reward pool's GPUs apart):", highlight=False)
         for e in estimates:
             phases = " | ".join(f"{p} {e.phases[p][0]:g} GPUs x {e.phases[p][1]:.1f} GiB, {e.phases[p][2]:.2f} s"
-                                for p in ("rollout", "update"))
+                                if e.phases[p][0] else f"{p} on no GPU (not timed)"
+                                for p in ("rollout", "reward", "update"))
             console.print(f"  {e.layout}{' (the recipe)' if e.layout == rl.config.layout else ''}: {e.gpus:g} GPUs "
                           f"| {phases} | sync {e.phases['sync'][2]:.2f} s | step {e.step_s:.2f} s, "
                           f"{e.utilization:.0%} busy | {'fits' if e.fits else 'does not fit'}", highlight=False,

@@ -8,7 +8,7 @@ engine reads its weights once for the whole batch), the update is compute-bound 
 forward and backward, 2 for each extra forward: the proximal log-probs, the reference, the critic's values), the
 colocated engine's sleep level 1 moves its weights to host memory and back over PCIe, and its weight transfer is
 staged through host memory (gloo); the split layout's goes over NVLink or the network (``sync_line``). The reward is
-scored on its own pool in both layouts and is left out of the comparison.
+scored on its own pool in both layouts: its time enters the step alike, its GPUs stay out of the layout's count.
 """
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ PROMPT_SHARE = 0.5         # a sequence's mean length, as a share of rollout.max
 ASSUMPTIONS = (f"decode memory-bound at {DECODE_EFFICIENCY:g} x {HBM_GB_S:g} GB/s, {DECODE_BATCH} sequences per "
                f"engine batch; update at {MFU:g} x {PEAK_TFLOPS:g} TFLOPS (6 FLOPs per parameter and token, +2 per "
                f"extra forward, +8 a critic); sequences of {PROMPT_SHARE:g} x rollout.max_model_len tokens; "
+               f"reward: a generating engine decodes generation.max_tokens per sample and role like the rollout, a "
+               f"scalar RM one forward per sample (2 FLOPs per parameter and token), on the reward pool's GPUs; "
                f"colocated: sleep level 1 moves the weights over PCIe ({PCIE_GB_S:g} GB/s) both ways, the transfer "
                f"staged through host memory; split: the transfer at {NVLINK_GB_S:g} GB/s; layout variants: colocated "
                "one engine per rank with 0.4 of its GPU, split one engine per two ranks (pr_rlhf/planning/layouts.py)")
@@ -59,7 +61,8 @@ class LayoutEstimate:
 @dataclass
 class RLSection:
     """What the layouts are estimated from, for each section of a recipe that runs a rollout: the RL run's
-    ``train:`` or the P-GenRM GRPO stages' ``pgenrm:`` (one stage's sizes; the others share the layout)."""
+    ``train:`` or the P-GenRM GRPO stages' ``pgenrm:`` (one stage's sizes; the others share the layout; their
+    reward is computed from the pair's labels, no model)."""
 
     title: str              # as the plan names its phase
     section: str            # the recipe's section holding the layout fields
@@ -69,6 +72,7 @@ class RLSection:
     extra_forwards: int     # forwards beside the update's: the proximal log-probs, the reference
     critic: bool
     rollout_mode: str
+    reward: Any = None      # the reward config its samples are scored with (None: a reward read from labels)
 
 
 def rl_sections(recipe: Recipe) -> list[RLSection]:
@@ -80,7 +84,7 @@ def rl_sections(recipe: Recipe) -> list[RLSection]:
         samples = train.prompts_per_step * train.group_size
         out.append(RLSection("train", "train", train, samples, train.max_tokens,
                              (not lcfg.single_update(samples)) + (lcfg.kl.coef > 0), lcfg.critic.enabled,
-                             train.rollout_mode))
+                             train.rollout_mode, recipe.reward))
     pg = recipe.pgenrm
     stages = [s for s in (pg.stages if pg is not None else []) if s in ("cre", "curriculum", "control")]
     if pg is not None and pg.rollout_num_gpus > 0 and stages:
@@ -145,12 +149,38 @@ def estimate(recipe: Recipe, layout: str, plan_of, models: Models, rl: RLSection
         upd_mem = max((a.gpu_bytes for a in learners), default=0.0) / GIB
         rollout_gpus = sum(max(a.gpus, tp) if a.gpus else 0.0 for a in engines)
         gpus = learner_gpus + rollout_gpus
-    phases = {"rollout": (rollout_gpus, roll_mem, rollout_s), "update": (learner_gpus, upd_mem, update_s),
-              "sync": (gpus, 0.0, sync_s + sleep_s)}
-    step = rollout_s + update_s + sync_s + sleep_s
-    if getattr(cfg, "rollout_mode", "sync") == "one_step_off":
-        step = max(rollout_s, update_s) + sync_s
+    reward = reward_phase(rl, [p.actor for p in phase.placed if p.actor.name.startswith("reward worker")], models)
+    phases = {"rollout": (rollout_gpus, roll_mem, rollout_s), "reward": reward,
+              "update": (learner_gpus, upd_mem, update_s), "sync": (gpus, 0.0, sync_s + sleep_s)}
+    step = rollout_s + reward[2] + update_s + sync_s + sleep_s
+    if getattr(cfg, "rollout_mode", "sync") == "one_step_off":   # the next batch is generated meanwhile
+        step = max(rollout_s, reward[2] + update_s) + sync_s
     return LayoutEstimate(layout, plan.fits, plan.problems, gpus, phases, step, rl.samples)
+
+
+def reward_phase(rl: RLSection, workers: list, models: Models) -> tuple[float, float, float]:
+    """(GPUs, GiB per GPU, seconds) of scoring a step's samples on the reward pool ``workers``, the same in both
+    layouts: each generating engine writes ``generation.max_tokens`` per sample and role (a judge that also plans:
+    two), decode-bound like the rollout; a scalar RM reads each sample once, compute-bound. A reward on CPU or from
+    labels takes no GPU and is not timed."""
+    gpus = sum(a.gpus for a in workers)
+    if rl.reward is None or not gpus:
+        return 0.0, 0.0, 0.0
+    seconds = 0.0
+    for ref in rl.reward.engines():
+        cfg = ref.config
+        arch = models.get(cfg.model)
+        if arch is None or not getattr(cfg, "device", "cpu").startswith("cuda"):
+            continue
+        if getattr(cfg, "backend", None) is None:      # a scalar RM: one forward per sample
+            tokens = rl.samples * PROMPT_SHARE * cfg.max_length
+            seconds += 2 * arch.params() * tokens / (gpus * PEAK_TFLOPS * 1e12 * MFU)
+        elif cfg.backend == "vllm":
+            b = DTYPE_BYTES.get(cfg.dtype, 2)
+            batches = math.ceil(rl.samples * max(len(ref.roles), 1) / len(workers) / DECODE_BATCH)
+            seconds += (rl.reward.generation.max_tokens * batches * b * arch.params() / cfg.tensor_parallel_size
+                        / (HBM_GB_S * 1e9 * DECODE_EFFICIENCY))
+    return gpus, max(a.gpu_bytes for a in workers) / GIB, seconds
 
 
 def choose(estimates: list[LayoutEstimate]) -> tuple[LayoutEstimate | None, str]:

@@ -4,6 +4,7 @@ parameter counts match the models' published sizes."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -273,7 +274,7 @@ def test_plan_shows_both_layouts_per_phase_and_chooses_one():
     most samples per GPU-second, saying why."""
     from pr_rlhf.configs.recipe import load_recipe
     from pr_rlhf.planning import make_plan
-    from pr_rlhf.planning.layouts import MFU, PEAK_TFLOPS, PROMPT_SHARE, choose, estimate
+    from pr_rlhf.planning.layouts import HBM_GB_S, MFU, PEAK_TFLOPS, PROMPT_SHARE, choose, estimate
 
     res = plan("recipes/gpu/ppo_personalized.yaml", *CLUSTER_2x8)
     assert res.exit_code == 0, res.output
@@ -291,6 +292,15 @@ def test_plan_shows_both_layouts_per_phase_and_chooses_one():
     tokens = train.prompts_per_step * train.group_size * PROMPT_SHARE * train.rollout.max_model_len
     flops = models.get(train.learner.model).params() * tokens * (6 + 8)   # PPO: one epoch, a critic, no KL
     assert colocated.phases["update"][2] == pytest.approx(flops / (4 * PEAK_TFLOPS * 1e12 * MFU))
+    # the reward pool's time, alike in both layouts: the 8B judge that also plans decodes 2 x max_tokens per sample
+    judge = recipe.reward.judge
+    per_token_s = 2 * models.get(judge.model).params() / judge.tensor_parallel_size / (HBM_GB_S * 1e9 * 0.5)
+    batches = math.ceil(train.prompts_per_step * train.group_size * 2 / recipe.reward.pool.workers / 256)
+    assert colocated.phases["reward"] == split.phases["reward"]
+    assert colocated.phases["reward"][2] == pytest.approx(recipe.reward.generation.max_tokens * batches * per_token_s)
+    assert colocated.step_s == pytest.approx(sum(colocated.phases[p][2] for p in ("rollout", "reward", "update",
+                                                                                   "sync")))
+    assert "| reward 4 GPUs x 68.0 GiB" in res.output
     best, why = choose([split, colocated])
     assert best is colocated and colocated.utilization > split.utilization and "split" in why
 
