@@ -288,15 +288,21 @@ def rm_eval_task(cfg: RMTrainConfig, cluster_gpus: float, plan_mode: bool = Fals
                  [EngineRef("rm", rm_eval_scalar_rm(cfg)), *planner])
 
 
+def rm_learner_group(cfg: RMTrainConfig, cluster_gpus: float, where: str, phase: str) -> ActorGroup:
+    """The learner ranks that train a Bradley-Terry RM (``workers.rm_training.RMTrainer``); ``where``: the recipe
+    path of the rm section."""
+    lcfg = cfg.learner.model_copy(update={"model": cfg.model})
+    return learner_group(lcfg, cluster_gpus, f"{where}.learner", phase,
+                         LearnerJob(lcfg, f"{where}.model", cfg.max_length, 0, False))
+
+
 def rm_groups(cfg: RMTrainConfig, cluster_gpus: float) -> list[ActorGroup]:
     """`pr-rlhf train-rm` (``workers.rm_training.RMTrainer``)."""
     groups: list[ActorGroup] = []
     if "plan" in cfg.input_modes and cfg.planner is not None and cfg.planner.backend != "openai":
         groups.append(_driver("driver (rm.planner)", "rm planner (training rubrics)",
                               [EngineRef("rm.planner", cfg.planner)]))
-    lcfg = cfg.learner.model_copy(update={"model": cfg.model})
-    groups.append(learner_group(lcfg, cluster_gpus, "rm.learner", "rm training",
-                                LearnerJob(lcfg, "rm.model", cfg.max_length, 0, False)))
+    groups.append(rm_learner_group(cfg, cluster_gpus, "rm", "rm training"))
     if set(cfg.input_modes) - {"plan"}:
         groups.append(rm_eval_task(cfg, cluster_gpus))
     if "plan" in cfg.input_modes:
@@ -327,7 +333,16 @@ def with_world(value: Any, world: int | None) -> Any:
     return value
 
 
-def leaderboard_groups(cfg: LeaderboardConfig) -> list[ActorGroup]:
+def leaderboard_bt_reward(cfg: LeaderboardConfig, mode: str, model_dir: str = "<world>/bt_rm/<mode>/model"
+                          ) -> RewardBase:
+    """The reward a fine-tuned BT RM of the leaderboard (``bt_rm``) is scored with: the scalar RM trained in input
+    mode ``mode``, read as `pr-rlhf train-rm`'s evaluation reads it, on the leaderboard's pool."""
+    bt = cfg.bt_rm
+    return reward_config(kind="scalar", input_mode=mode, top_k_profile=bt.top_k_profile, pool=cfg.pool.model_dump(),
+                         scalar_rm=rm_eval_scalar_rm(bt).model_copy(update={"model": model_dir}).model_dump())
+
+
+def leaderboard_groups(cfg: LeaderboardConfig, cluster_gpus: float = 0.0) -> list[ActorGroup]:
     """`pr-rlhf leaderboard` (``workers.leaderboard.Leaderboard``)."""
     groups = [_task("leaderboard training task", "training task", "leaderboard training", bundle(1),
                     _fields("leaderboard.methods"), count=len(cfg.methods), note="embedding method on the CPU"),
@@ -339,6 +354,11 @@ def leaderboard_groups(cfg: LeaderboardConfig) -> list[ActorGroup]:
         where = f"leaderboard.models.{name}.reward"
         groups.append(reward_pool_group(leaderboard_model_reward(cfg, name), where, f"leaderboard score {name}",
                                         f"{name} worker", None if "pool" in row.reward else "leaderboard.pool"))
+    if cfg.bt_rm is not None:
+        groups.append(rm_learner_group(cfg.bt_rm, cluster_gpus, "leaderboard.bt_rm", "leaderboard bt training"))
+        for mode in cfg.bt_rm.input_modes:
+            groups.append(reward_pool_group(leaderboard_bt_reward(cfg, mode), "leaderboard.bt_rm",
+                                            f"leaderboard score bt_{mode}", f"bt_{mode} worker", "leaderboard.pool"))
     if cfg.few_shot is not None and cfg.few_shot.service:
         groups.append(ActorGroup("leaderboard few-shot service", "service replica", "replica",
                                  bundle(LEADERBOARD_SERVICE_CPUS), 1, "leaderboard few-shot service",
@@ -377,7 +397,7 @@ def declare(recipe: Recipe, command: str, cluster_gpus: float = 0.0) -> list[Act
     if command == "train-rm":
         return rm_groups(section, cluster_gpus)
     if command == "leaderboard":
-        return leaderboard_groups(section)
+        return leaderboard_groups(section, cluster_gpus)
     if command == "scaling":
         return scaling_groups(section)
     return [replica_group(section)]

@@ -4,7 +4,8 @@ reference predictors and reused committed outcomes (P-GenRM's), in one table (``
 
 Under ``<out>``: ``w<seed>/`` per world (``train.npz``: the training pairs' embeddings; ``models/<method>/``, each
 COMPLETE when trained; ``arms/<method>.json``: its per-pair outcomes and seconds; ``outcomes.json``: every row's
-per-pair outcomes with user ids), then ``leaderboard.{json,md,png}`` over the reported worlds and
+per-pair outcomes with user ids; ``bt_rm/``: the fine-tuned BT RMs' shards and one folder per input mode, as
+`pr-rlhf train-rm` writes them), then ``leaderboard.{json,md,png}`` over the reported worlds and
 ``development.{json,md,png}`` over the development worlds, and ``few_shot{,_development}.{json,md,png}`` (the
 cold-start users' curve; per-pair outcomes in ``w<seed>/few_shot.json``). A rerun redoes nothing that
 is there: a trained model, a scored method.
@@ -20,7 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from pr_rlhf.actors import LEADERBOARD_SERVICE_CPUS, cpus_needed, leaderboard_groups, leaderboard_model_reward
+from pr_rlhf.actors import (
+    LEADERBOARD_SERVICE_CPUS,
+    cpus_needed,
+    leaderboard_bt_reward,
+    leaderboard_groups,
+    leaderboard_model_reward,
+)
 from pr_rlhf.configs.leaderboard import LeaderboardConfig
 from pr_rlhf.eval.worlds import WorldOutcomes
 from pr_rlhf.files import atomic_write_text, is_complete, mark_complete
@@ -40,7 +47,8 @@ LABELS = {"bt_embedding": "global BT (embeddings)", "pal": "PAL", "lore": "LoRe"
           "no_history": "prior only (no pairs)", "oracle@all": "Bayes oracle (seen: all train pairs)",
           "logistic_regression@all": "per-user LR (seen: all train pairs)",
           "pgenrm_psi": "P-GenRM PSI (SFT)", "pgenrm_cre": "P-GenRM CRE (GRPO)",
-          "pgenrm_full": "P-GenRM full pipeline", "pgenrm_psi_scaled": "P-GenRM PSI + scaling (m 16, n 8)"}
+          "pgenrm_full": "P-GenRM full pipeline", "pgenrm_psi_scaled": "P-GenRM PSI + scaling (m 16, n 8)",
+          "bt_none": "fine-tuned BT RM (no user information)", "bt_history": "fine-tuned BT RM + preference history"}
 
 
 def _train_task(data_file: str, method: str, hyper: dict, settings: dict, folder: str, embedder: str) -> dict:
@@ -94,6 +102,7 @@ class Leaderboard:
         few = self._few_shot_sets(seed)
         arms, costs = self._methods(f"world {seed}", folder, items, lambda: training_pairs(world), few, seed)
         arms.update(self._models(folder, items, costs, few, seed))
+        arms.update(self._bt_rms(seed, folder, items, costs, few))
         rows = {**arms, **reference_outcomes(world, self.cfg.references), **self._reused(seed)}
         users = {it.pair_id: it.user_id for it in items}
         for name, per_pair in rows.items():
@@ -165,6 +174,37 @@ class Leaderboard:
                 self.cfg, n, seed))
             arms[name] = self._with_failures(name, saved, main)
             costs[name] = {"score_s": saved["score_s"]}
+        return arms
+
+    def _bt_rms(self, seed: int, folder: Path, items: list[Item], costs: dict,
+                few: dict[str, list[Item]]) -> dict[str, dict[str, float]]:
+        """The fine-tuned BT RMs (``bt_rm``): each input mode's scalar RM trained on the world's training pairs by
+        `pr-rlhf train-rm`'s trainer (unless COMPLETE), then scored like a model row (``bt_history`` also on the
+        few-shot sets; ``bt_none`` reads no pairs)."""
+        bt = self.cfg.bt_rm
+        if bt is None:
+            return {}
+        from data_pipelines.build import ensure_world_shards
+        from pr_rlhf.configs.recipe import Recipe
+        from workers.rm_training import RMTrainer
+
+        out = folder / "bt_rm"
+        rm = bt.model_copy(update={"shards": str(out / "data"), "out": str(out), "world": None})
+        ensure_world_shards(rm.shards, self.world_config(seed), log=self.log)
+        trainer = RMTrainer(Recipe(name=f"leaderboard_bt_w{seed}", seed=self.cfg.seed, rm=rm), log=self.log)
+        arms = {}
+        for mode in bt.input_modes:
+            name, timing = f"bt_{mode}", out / mode / "train_s.json"
+            if not is_complete(out / mode / "model"):
+                start = time.perf_counter()
+                trainer.train(mode)
+                atomic_write_text(timing, json.dumps({"train_s": time.perf_counter() - start}))
+            model = str(out / mode / "model")
+            saved = self._score_row(folder, name, items, few if mode != "none" else {}, seed,
+                                    lambda _, m=mode, d=model: leaderboard_bt_reward(self.cfg, m, d))
+            arms[name] = self._with_failures(name, saved, items)
+            trained = json.loads(timing.read_text())["train_s"] if timing.is_file() else float("nan")
+            costs[name] = {"train_s": trained, "score_s": saved["score_s"]}
         return arms
 
     def _score_row(self, folder: Path, name: str, main: list[Item], few: dict[str, list[Item]], seed: int | None,

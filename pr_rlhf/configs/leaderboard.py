@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from pr_rlhf.configs.base import StrictModel
 from pr_rlhf.configs.reward import EMBEDDING_KINDS, RewardPoolConfig
+from pr_rlhf.configs.rm import RMTrainConfig
 from pr_rlhf.configs.world import WorldConfig
 
 REFERENCE_ROWS = ("oracle", "logistic_regression", "no_history")
@@ -119,9 +120,17 @@ class LeaderboardConfig(StrictModel):
     baseline: str = Field("bt_embedding", description="every method's paired difference is taken against it")
     against: str | None = Field(None, description="a second row every method is compared with (P-GenRM's)")
     few_shot: FewShotConfig | None = Field(None, description="the few-shot curve of cold-start users")
+    bt_rm: RMTrainConfig | None = Field(
+        None, description="fine-tuned Bradley-Terry RMs, trained per world on its training pairs by `pr-rlhf "
+        "train-rm`'s trainer (its shards, out and world are the leaderboard's, per world), one row per input mode "
+        "(bt_none, bt_history: what the leaderboard's pairs carry about a user); bt_history also on the few-shot sets")
     pool: RewardPoolConfig = Field(default_factory=RewardPoolConfig, description="the reward workers that score")
     n_bootstrap: int = Field(2000, ge=10)
     out: str = "runs/leaderboard"
+
+    def bt_rows(self) -> list[str]:
+        """The rows of the fine-tuned BT RMs, one per input mode."""
+        return [f"bt_{mode}" for mode in self.bt_rm.input_modes] if self.bt_rm is not None else []
 
     @model_validator(mode="after")
     def _known_names(self) -> LeaderboardConfig:
@@ -141,10 +150,13 @@ class LeaderboardConfig(StrictModel):
                 reward_config(**row.reward)
             except ValueError as exc:
                 raise ValueError(f"models.{name}.reward: {exc}") from None
-        clash = sorted(set(self.models) & (set(self.methods) | set(self.reuse)))
+        if self.bt_rm is not None and set(self.bt_rm.input_modes) - {"none", "history"}:
+            raise ValueError(f"bt_rm.input_modes {self.bt_rm.input_modes}: the leaderboard's pairs carry the user's "
+                             "history, not posts or plans (modes none, history)")
+        clash = sorted(set(self.models) & (set(self.methods) | set(self.reuse) | set(self.bt_rows())))
         if clash:
-            raise ValueError(f"models: {clash} name rows the methods or reuse already have")
-        rows = {*self.methods, *self.reuse, *self.models}
+            raise ValueError(f"models: {clash} name rows the methods, reuse or bt_rm already have")
+        rows = {*self.methods, *self.reuse, *self.models, *self.bt_rows()}
         for field in ("baseline", "against"):
             value = getattr(self, field)
             if value is not None and value not in rows:
