@@ -1,5 +1,6 @@
 """`pr-rlhf leaderboard` as a user runs it, shrunk (a 30-user world, 150 training steps): every embedding method
-trained in a Ray task and scored through a reward pool on the world's evaluation pairs, beside the world's references
+trained in a Ray task and a fine-tuned BT RM on the learner, each scored through a reward pool on the world's
+evaluation pairs, beside the world's references
 and a reused row (a committed outcomes file's arm, read not recomputed), one table whose every accuracy is the
 per-pair outcomes' mean (users as the bootstrap's unit), a development world apart, the few-shot curve, and PAL's
 curve through the running reward service (pairs sent as /feedback) agreeing with it pair for pair; a rerun trains
@@ -47,6 +48,9 @@ def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
                    "prior_sampled": {"reward": {"kind": "world_estimate", "world": {**WORLD, "seed": 1},
                                                 "estimator": "no_history"}, "worlds": [1], "users_per_group": 2,
                                      "few_shot": False, "label": "prior on two users per group"}},
+        # a fine-tuned BT RM reading the user's history, trained per world on the learner (2 steps: it runs)
+        "bt_rm": {"model": "tiny", "input_modes": ["history"], "top_k_profile": 2, "max_length": 256, "steps": 2,
+                  "batch_size": 8, "learner": {"micro_batch_size": 8}},
         "against": "study", "n_bootstrap": 200,
         "few_shot": {"ks": [0, 2], "cold_start_history": 2, "service": ["pal"], "service_worlds": [1]}}}))
     out = tmp_path / "run"
@@ -54,8 +58,9 @@ def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
 
     world = WorldOutcomes.load(out / "w1" / "outcomes.json")
-    assert {*METHODS, "oracle", "logistic_regression", "no_history", "oracle@all", "study", "prior_rm"} <= set(
-        world.arms)
+    assert {*METHODS, "oracle", "logistic_regression", "no_history", "oracle@all", "study", "prior_rm",
+            "bt_history"} <= set(world.arms)
+    assert all(a is not None for a in world.arms["bt_history"])   # every pair scored by the trained BT RM
     assert set(world.groups) == {"seen", "cold"} and all(u.startswith("u") for u in world.users)
     sampled = {(g, u) for g, u, a in zip(world.groups, world.users, world.arms["prior_sampled"]) if a is not None}
     for group in ("seen", "cold"):   # every pair of the first two users of each group, and nothing else
@@ -73,6 +78,7 @@ def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
             assert abs(table["gain"] - np.mean([world.arms[row][i] for i in idx])) < 1e-12
             assert table["users"] == len({world.users[i] for i in idx}) and table["ci_low"] <= table["gain"]
         assert board["costs"][row]["train_s"] > 0 and board["costs"][row]["score_s"] > 0
+    assert board["costs"]["bt_history"]["train_s"] > 0 and (out / "w1" / "bt_rm" / "history" / "model").is_dir()
     study = board["table"]["pal"]["vs_against_seen"]["worlds"][0]   # paired with the reused row, seen pairs only
     assert study["pairs"] == len(world.select("seen", "all", "pal", "study"))
     assert "cold" not in {g for g, a in zip(world.groups, world.arms["study"]) if a is not None}
@@ -81,7 +87,8 @@ def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
     assert (out / "development.json").is_file() and json.loads((out / "development.json").read_text())["worlds"] == [7]
     curve = json.loads((out / "few_shot.json").read_text())["curve"]
     # every row of the table reads the few-shot sets: the trained methods and the recipe's other models
-    assert {(c["method"], c["k"]) for c in curve} == {(m, k) for m in [*METHODS, "prior_rm"] for k in (0, 2)}
+    assert {(c["method"], c["k"]) for c in curve} == {(m, k) for m in [*METHODS, "prior_rm", "bt_history"]
+                                                      for k in (0, 2)}
     # the curve through the running service (feedback stored, then /score reading it) agrees pair for pair
     service = json.loads((out / "few_shot_service.json").read_text())
     assert [(r["method"], r["k"]) for r in service] == [("pal", 0), ("pal", 2)]
