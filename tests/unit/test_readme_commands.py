@@ -253,8 +253,13 @@ def test_readme_command_resolves_its_recipe(command: Command, monkeypatch):
     assert not unknown, f"{command.id}: no P-GenRM stage {sorted(unknown)}"
 
 
+# records of what was there when they were committed (a pre-registration names the recipe its run was to use)
+RECORDS = ("PREREGISTRATION.md", "DEVIATIONS.md")
+
+
 def test_every_recipe_file_the_pages_name_exists():
     named = {(page.relative_to(ROOT).as_posix(), number, path) for page in documentation_pages()
+             if page.name not in RECORDS
              for number, line in enumerate(page.read_text().splitlines(), 1)
              for path in re.findall(r"recipes/[\w/.-]*\w\.(?:yaml|sh)", line)}
     assert len({path for _, _, path in named}) >= 20, named
