@@ -191,7 +191,13 @@ class Leaderboard:
         out = folder / "bt_rm"
         rm = bt.model_copy(update={"shards": str(out / "data"), "out": str(out), "world": None})
         ensure_world_shards(rm.shards, self.world_config(seed), log=self.log)
-        trainer = RMTrainer(Recipe(name=f"leaderboard_bt_w{seed}", seed=self.cfg.seed, rm=rm), log=self.log)
+        def progress(mode: str, step: int, steps: int, metrics: dict) -> None:
+            if step % rm.checkpoint_every == 0 or step == steps:
+                loss = metrics.get("rm/bt_loss", float("nan"))
+                self.log(f"w{seed}: bt_{mode} step {step}/{steps}, BT loss {loss:.3f}")
+
+        trainer = RMTrainer(Recipe(name=f"leaderboard_bt_w{seed}", seed=self.cfg.seed, rm=rm), on_step=progress,
+                            log=self.log)
         arms = {}
         for mode in bt.input_modes:
             name, timing = f"bt_{mode}", out / mode / "train_s.json"
