@@ -62,7 +62,7 @@ def test_the_committed_judge_comparison_is_its_committed_outcomes():
     """judge + history - judge (pre-registration addendum, prediction 15), paired on the judges' users."""
     from tests.scripts import load_script
 
-    again = load_script("research/leaderboard_judges.py", "leaderboard_judges").judges_analysis()
+    again = load_script("research/leaderboard_paired.py", "leaderboard_paired").comparisons("judges.json")
     assert again == committed("judges.json")
     for name in ("reported", "development"):
         for entry in again[name]["analysis"].values():   # every world of each set compared, on the sampled users

@@ -1,0 +1,58 @@
+"""The leaderboard's paired comparisons beyond its table (which compares every row with the global BT and with
+P-GenRM): the LLM judge with the user's preference history against without (addendum 14-17, prediction 15; on the
+judges' users) -> ``judges.json``; the fine-tuned BT RM with history against without, and PAL and LoRe against the
+BT RM with history (addendum 18-23, predictions 19 and 21) -> ``bt_rms.json``. Each per world and pooled over the
+reported worlds, and on the development world apart; 95% CIs resample users. Reads the committed per-pair outcomes
+(``docs/results/leaderboard/w<world>/outcomes.json``); ``tests/unit/test_leaderboard_results.py`` recomputes them.
+
+    .venv/bin/python research/leaderboard_paired.py
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "docs" / "results" / "leaderboard"
+# file -> (new row, old row) pairs, each compared on the pairs both scored
+COMPARISONS = {"judges.json": [("judge_history", "judge")],
+               "bt_rms.json": [("bt_history", "bt_none"), ("pal", "bt_history"), ("lore", "bt_history")]}
+
+
+def paired(new: str, old: str) -> dict:
+    from pr_rlhf.configs.recipe import load_recipe
+    from pr_rlhf.eval.groups import EVAL_GROUPS
+    from pr_rlhf.eval.worlds import Endpoint, WorldOutcomes, analyse
+
+    cfg = load_recipe(ROOT / "recipes" / "leaderboard.yaml").leaderboard
+    endpoints = [Endpoint(f"{new} - {old} ({group})", new, old, group) for group in EVAL_GROUPS]
+    out = {"new": new, "old": old}
+    for name, worlds in (("reported", cfg.worlds), ("development", cfg.development_worlds)):
+        frames = [WorldOutcomes.load(RESULTS / f"w{w}" / "outcomes.json") for w in worlds]
+        out[name] = {"worlds": list(worlds),
+                     "analysis": analyse(frames, endpoints, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)}
+    return json.loads(json.dumps(out))
+
+
+def comparisons(file: str) -> dict:
+    """``file``'s content: one comparison as its own object (judges.json), several as a list."""
+    pairs = COMPARISONS[file]
+    return paired(*pairs[0]) if len(pairs) == 1 else {"comparisons": [paired(*p) for p in pairs]}
+
+
+def main() -> None:
+    for file in COMPARISONS:
+        result = comparisons(file)
+        (RESULTS / file).write_text(json.dumps(result, indent=1) + "\n")
+        for entry in result.get("comparisons", [result]):
+            for name in ("reported", "development"):
+                for key, analysis in entry[name]["analysis"].items():
+                    fixed = analysis["pooled"]["fixed"]
+                    print(f"{name} {key}: {100 * fixed['gain']:+.1f} [{100 * fixed['ci_low']:+.1f}, "
+                          f"{100 * fixed['ci_high']:+.1f}]")
+
+
+if __name__ == "__main__":
+    main()
