@@ -18,8 +18,8 @@ SCALING = RecipeCommand("scaling", ("scaling",), "recipes/scaling_grid.yaml", "s
 BON = RecipeCommand("bon", ("bon",), "recipes/bon_sweep.yaml", "bon.out",
                     lambda r: f"n={r.bon.n}, {r.bon.prompts} prompts -> {r.bon.out}")
 LEADERBOARD = RecipeCommand("leaderboard", ("leaderboard",), "recipes/leaderboard.yaml", "leaderboard.out",
-                            lambda r: f"{', '.join(r.leaderboard.methods)} on worlds {r.leaderboard.worlds} -> "
-                                      f"{r.leaderboard.out}")
+                            lambda r: f"{', '.join([*r.leaderboard.methods, *r.leaderboard.bt_rows()])} on worlds "
+                                      f"{r.leaderboard.worlds} -> {r.leaderboard.out}")
 
 
 def eval_cmd(recipe: Path = typer.Argument(..., help="recipe YAML with an eval: section"),
@@ -121,9 +121,10 @@ def leaderboard(recipe: Path = typer.Argument(..., help="recipe YAML with a lead
                 overrides: Optional[List[str]] = OverridesOpt,
                 out: Optional[Path] = out_option("run directory (default: leaderboard.out)"),
                 address: Optional[str] = AddressOpt):
-    """The field's personalized reward models (global BT, PAL, LoRe, VPL, GPO on frozen embeddings) trained on the
-    same pairs and evaluated on the same pairs as the world's references and reused results (P-GenRM's): accuracy
-    with user-resampled CIs, seen and cold-start users, paired differences, per world and pooled (resumes)."""
+    """The field's personalized reward models (global BT, PAL, LoRe, VPL, GPO on frozen embeddings; fine-tuned BT
+    RMs on the learner) trained on the same pairs and evaluated on the same pairs as the world's references and
+    reused results (P-GenRM's): accuracy with user-resampled CIs, seen and cold-start users, paired differences, per
+    world and pooled (resumes)."""
     rec = open_recipe(LEADERBOARD, recipe, overrides, out=out)
     from workers.leaderboard import run_leaderboard
 
