@@ -68,3 +68,16 @@ def test_the_committed_judge_comparison_is_its_committed_outcomes():
         for entry in again[name]["analysis"].values():   # every world of each set compared, on the sampled users
             assert len(entry["worlds"]) == len(again[name]["worlds"])
             assert all(w["users"] == 30 for w in entry["worlds"]), entry["worlds"]
+
+
+def test_the_committed_bt_rm_comparisons_are_their_committed_outcomes():
+    """The fine-tuned BT RM with history - without, PAL and LoRe - the BT RM with history (addendum 18-23,
+    predictions 19 and 21), paired on every pair of every user."""
+    from tests.scripts import load_script
+
+    again = load_script("research/leaderboard_paired.py", "leaderboard_paired").comparisons("bt_rms.json")
+    assert again == committed("bt_rms.json")
+    assert [(c["new"], c["old"]) for c in again["comparisons"]] == [("bt_history", "bt_none"), ("pal", "bt_history"),
+                                                                    ("lore", "bt_history")]
+    for entry in again["comparisons"][0]["reported"]["analysis"].values():   # every user of every reported world
+        assert [w["users"] for w in entry["worlds"]] == [200] * len(CFG.worlds), entry["worlds"]
