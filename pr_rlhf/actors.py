@@ -336,7 +336,8 @@ def with_world(value: Any, world: int | None) -> Any:
 def leaderboard_bt_reward(cfg: LeaderboardConfig, mode: str, model_dir: str = "<world>/bt_rm/<mode>/model"
                           ) -> RewardBase:
     """The reward a fine-tuned BT RM of the leaderboard (``bt_rm``) is scored with: the scalar RM trained in input
-    mode ``mode``, read as `pr-rlhf train-rm`'s evaluation reads it, on the leaderboard's pool."""
+    mode ``mode`` (``model_dir``: its world's folder; the pre-flight check sizes the engine without one), read as
+    `pr-rlhf train-rm`'s evaluation reads it, on the leaderboard's pool."""
     bt = cfg.bt_rm
     return reward_config(kind="scalar", input_mode=mode, top_k_profile=bt.top_k_profile, pool=cfg.pool.model_dump(),
                          scalar_rm=rm_eval_scalar_rm(bt).model_copy(update={"model": model_dir}).model_dump())

@@ -191,6 +191,7 @@ class Leaderboard:
         out = folder / "bt_rm"
         rm = bt.model_copy(update={"shards": str(out / "data"), "out": str(out), "world": None})
         ensure_world_shards(rm.shards, self.world_config(seed), log=self.log)
+
         def progress(mode: str, step: int, steps: int, metrics: dict) -> None:
             if step % rm.checkpoint_every == 0 or step == steps:
                 loss = metrics.get("rm/bt_loss", float("nan"))

@@ -55,7 +55,7 @@ def eval_recipe(recipe: Recipe, mode: str, model_dir: Path, out: Path) -> Recipe
     planner = {"planner": cfg.planner, "judge": cfg.planner} if cfg.planner is not None else {}
     section = EvalConfig(shards=cfg.shards, split=cfg.eval.split, users=cfg.eval.users, max_pairs=cfg.eval.max_pairs,
                          modes=["pointwise"], inputs=[mode], pointwise_model="scalar",
-                         history_pairs=cfg.top_k_profile if mode == "history" else 0,
+                         history_pairs=cfg.history_pairs(mode),
                          top_k_profile=cfg.top_k_profile, planner_max_aspects=cfg.planner_max_aspects,
                          n_bootstrap=cfg.eval.n_bootstrap, out=str(out), generation=cfg.planner_generation,
                          scalar_rm=rm_eval_scalar_rm(cfg).model_copy(update={"model": str(model_dir)}), **planner)
@@ -93,7 +93,7 @@ class RMTrainer:
         if is_complete(model_dir):
             self.log(f"{mode}: {model_dir} is complete, not retrained")
             return model_dir
-        data = training_pairs(cfg.shards, cfg.train_split, cfg.top_k_profile if mode == "history" else 0)
+        data = training_pairs(cfg.shards, cfg.train_split, cfg.history_pairs(mode))
         inputs = plan_inputs(cfg, data.inputs, self.out / "plans_train.json", self.recipe.seed) \
             if mode == "plan" else data.inputs
         backbone = resolve_model(cfg.model)

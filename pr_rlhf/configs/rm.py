@@ -78,6 +78,11 @@ class RMTrainConfig(SFTStageConfig):
             return {"trains": "reward_model", "weight_decay": 0.0, **v}
         return v
 
+    def history_pairs(self, mode: str) -> int:
+        """History pairs an RM in input ``mode`` reads (training and evaluation alike): top_k_profile in mode
+        'history', none otherwise."""
+        return self.top_k_profile if mode == "history" else 0
+
     @model_validator(mode="after")
     def _consistent(self) -> RMTrainConfig:
         if self.learner.trains != "reward_model":

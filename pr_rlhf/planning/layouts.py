@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from pr_rlhf.configs.base import ScalarRMConfig
 from pr_rlhf.configs.recipe import Recipe
 from pr_rlhf.planning.models import DTYPE_BYTES, GIB, Models
 from pr_rlhf.planning.placement import NVLINK_GB_S
@@ -64,7 +65,8 @@ class RLSection:
     ``train:`` or the P-GenRM GRPO stages' ``pgenrm:`` (one stage's sizes; the others share the layout; their
     reward is computed from the pair's labels, no model)."""
 
-    title: str              # as the plan names its phase
+    title: str              # its heading in the plan's output
+    phase: str              # how the plan's phase of it begins ("train", "pgenrm GRPO")
     section: str            # the recipe's section holding the layout fields
     config: Any             # that section (RolloutLayout fields, learner, rollout)
     samples: int            # samples per step
@@ -82,7 +84,7 @@ def rl_sections(recipe: Recipe) -> list[RLSection]:
     if train is not None and train.rollout_num_gpus > 0:
         lcfg = train.learner
         samples = train.prompts_per_step * train.group_size
-        out.append(RLSection("train", "train", train, samples, train.max_tokens,
+        out.append(RLSection("train", "train", "train", train, samples, train.max_tokens,
                              (not lcfg.single_update(samples)) + (lcfg.kl.coef > 0), lcfg.critic.enabled,
                              train.rollout_mode, recipe.reward))
     pg = recipe.pgenrm
@@ -90,7 +92,7 @@ def rl_sections(recipe: Recipe) -> list[RLSection]:
     if pg is not None and pg.rollout_num_gpus > 0 and stages:
         stage = pg.stage_config(stages[0])
         samples = stage.prompts_per_step * stage.group_size
-        out.append(RLSection(f"pgenrm GRPO ({stages[0]})", "pgenrm", pg, samples, stage.max_tokens,
+        out.append(RLSection(f"pgenrm GRPO ({stages[0]})", "pgenrm GRPO", "pgenrm", pg, samples, stage.max_tokens,
                              (not pg.learner.single_update(samples)) + (stage.kl.coef > 0), False, "sync"))
     return out
 
@@ -121,7 +123,7 @@ def estimate(recipe: Recipe, layout: str, plan_of, models: Models, rl: RLSection
     run = variant(recipe, rl, layout)
     cfg = getattr(run, rl.section)
     plan = plan_of(run)
-    phase = next(p for p in plan.phases if p.phase.name.startswith(rl.title.split(" (")[0])
+    phase = next(p for p in plan.phases if p.phase.name.startswith(rl.phase)
                  and any(x.actor.name.startswith("learner rank") for x in p.placed))
     learners = [p.actor for p in phase.placed if p.actor.name.startswith("learner rank")]
     engines = [p.actor for p in phase.placed if p.actor.name.startswith("rollout worker")]
@@ -172,7 +174,7 @@ def reward_phase(rl: RLSection, workers: list, models: Models) -> tuple[float, f
         arch = models.get(cfg.model)
         if arch is None or not getattr(cfg, "device", "cpu").startswith("cuda"):
             continue
-        if getattr(cfg, "backend", None) is None:      # a scalar RM: one forward per sample
+        if isinstance(cfg, ScalarRMConfig):            # one forward per sample
             tokens = rl.samples * PROMPT_SHARE * cfg.max_length
             seconds += 2 * arch.params() * tokens / (gpus * PEAK_TFLOPS * 1e12 * MFU)
         elif cfg.backend == "vllm":
