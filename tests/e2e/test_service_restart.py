@@ -1,7 +1,8 @@
 """The reward service as users run it (`pr-rlhf serve-reward recipes/serve_online.yaml`, a process of its own with
 its own local Ray): polled from the moment the process starts, its routes never answer 404 (connection refused,
-then 503 with Retry-After, then 201); and SIGKILLed while 32 clients send 200 feedback writes and started again,
-every write is stored, exactly once (the clients retry what is retryable: ``pr_rlhf.serve.client``)."""
+then 503 with Retry-After while the routes do not exist yet, then 201); and SIGKILLed while 32 clients send 200
+feedback writes and started again, every write is stored, exactly once (the clients retry what is retryable:
+``pr_rlhf.serve.client``). Serve's real proxy with the service's middleware and no application answers 503."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -89,11 +90,12 @@ def poll_until_written(url: str, deadline_s: float = 240.0) -> dict:
     raise AssertionError(f"the service did not store a write within {deadline_s} s: {seen}")
 
 
-def test_polled_from_its_start_the_service_answers_503_never_404(service):
+def test_polled_from_its_start_the_service_never_answers_404(service):
     service.start()
     seen = poll_until_written(service.url)
     assert 404 not in seen, f"a route answered 404 while the service started: {seen}"
-    assert 503 in seen, f"no 503 while starting (the window is seconds long on any machine): {seen}"
+    # no assertion that a 503 was seen: on a loaded machine the application can be routable by the time the proxy
+    # listens (a request then waits for the replica and gets 201); the 503 itself is checked deterministically below
     assert set(seen) <= {"ConnectError", "ReadTimeout", "RemoteProtocolError", 503, 200, 201}, seen
 
 
@@ -158,3 +160,64 @@ def test_stopped_the_moment_it_answers_it_shuts_down_gracefully(tmp_path):
         assert "stopping the reward service" in svc.log.read_text()
     finally:
         svc.stop()
+PROXY_SCRIPT = r'''
+"""Serve's real proxy with the service's middleware, no application deployed, then one: what a client meets."""
+import json, sys, time
+import httpx
+from ray import serve
+from pr_rlhf.serve.starting import proxy_environment
+from workers.ray_utils import init_ray, shutdown_local_ray
+
+port = int(sys.argv[1])
+base = f"http://127.0.0.1:{port}"
+out = {}
+init_ray(None, num_cpus=2, worker_env=proxy_environment("/reward"))
+try:
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:   # until the proxy listens
+        try:
+            answer = httpx.post(base + "/reward/feedback", json={}, timeout=10)
+            break
+        except httpx.TransportError:
+            time.sleep(0.1)
+    out["before"] = [answer.status_code, answer.headers.get("retry-after")]
+    out["elsewhere"] = httpx.get(base + "/elsewhere", timeout=10).status_code
+
+    @serve.deployment
+    def reward(request):
+        from starlette.responses import JSONResponse
+        if request.url.path.rstrip("/").endswith("/users/u-9"):
+            return JSONResponse({"detail": "unknown user u-9"}, status_code=404)
+        return JSONResponse({}, status_code=201)
+
+    serve.run(reward.bind(), name="reward", route_prefix="/reward")
+    out["after"] = httpx.post(base + "/reward/feedback", json={}, timeout=30).status_code
+    unknown = httpx.get(base + "/reward/users/u-9", timeout=30)
+    out["unknown_user"] = [unknown.status_code, unknown.json()]
+finally:
+    serve.shutdown()
+    shutdown_local_ray()
+print("RESULT " + json.dumps(out))
+'''
+
+
+def test_serves_real_proxy_with_no_application_answers_503_on_the_routes_only(tmp_path):
+    """Deterministic, unlike the start above (on a loaded machine the route may exist before the proxy listens,
+    leaving no 503 window to see): Serve's real proxy process, loaded with the service's middleware, answers 503 +
+    Retry-After under the route prefix while no application serves it, 404 outside it; once deployed, the
+    application's answers, its own JSON 404 included, pass unchanged."""
+    import json
+
+    script = tmp_path / "proxy.py"
+    script.write_text(PROXY_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(script), str(free_port())], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=400, start_new_session=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, (proc.stdout + proc.stderr)[-3000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    assert out["before"] == [503, "1"], out
+    assert out["elsewhere"] == 404, out
+    assert out["after"] == 201, out
+    assert out["unknown_user"] == [404, {"detail": "unknown user u-9"}], out
