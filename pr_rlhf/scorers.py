@@ -99,6 +99,45 @@ def _with_reference(inputs: Sequence[RMInput], mode: str) -> tuple[list[Evaluati
     return out, todo
 
 
+def judged_against_reference(engine: Any, params: Any, inputs: list[RMInput], readout: str, *, mode: str = "none",
+                             top_k: int = 10, blocks: Sequence[str] | None = None) -> list[Evaluation]:
+    """The pairwise judge on (response in slot A, reference in slot B): 1 / 0 from the verdict it writes, or its
+    probability of answering A (``readout="probability"``). Slot A is fixed, as in ``sec_reference``: a pair scored
+    in both orders compares each response's own slot-A score, so the position bias cancels. The judge sees the
+    input ``mode``'s user block, or ``blocks[i]`` (a persona) when given."""
+    from pr_rlhf.reward.judge import judge_prompt, parse_verdict, slot_a_probabilities
+
+    out, todo = _with_reference(inputs, "pairwise")
+    prompts = [judge_prompt(inputs[i], inputs[i].chosen, inputs[i].rejected, mode, top_k,  # type: ignore[arg-type]
+                            block=None if blocks is None else blocks[i]) for i in todo]
+    if readout == "probability":
+        for i, (p, e) in zip(todo, slot_a_probabilities(engine, prompts)):
+            out[i] = Evaluation((p,) if e is None else None, e, plan=inputs[i].plan)
+        return out  # type: ignore[return-value]
+    for i, text in _generated_texts(engine, params, prompts, todo, inputs, out):
+        parsed = parse_verdict(text)
+        out[i] = Evaluation((1.0 if parsed.value == "A" else 0.0,) if parsed.ok else None, parsed.error,
+                            plan=inputs[i].plan)
+    return out  # type: ignore[return-value]
+
+
+def _generated_texts(engine: Any, params: Any, prompts: list, todo: list[int], inputs: Sequence[RMInput],
+                     out: list[Evaluation | None]) -> list[tuple[int, str]]:
+    """(index, text) of each prompt the engine answered; a failed or empty generation is written into ``out``."""
+    generations = engine.generate(prompts, params) if prompts else []
+    if len(generations) != len(todo):
+        raise RuntimeError(f"engine returned {len(generations)} generations for {len(todo)} prompts")
+    texts = []
+    for i, gen in zip(todo, generations):
+        if gen.error is not None:
+            out[i] = Evaluation(None, f"engine_error: {gen.error}", plan=inputs[i].plan)
+        elif not gen.samples:
+            out[i] = Evaluation(None, "empty", plan=inputs[i].plan)
+        else:
+            texts.append((i, gen.samples[0].text))
+    return texts
+
+
 def request_input(req: RewardRequest) -> RMInput:
     """What a reward model may see for one request (the response goes in ``chosen``, the reference in
     ``rejected``; neither is shown by the user blocks)."""
@@ -278,39 +317,8 @@ class GenRMScorer(_ModelScorer):
         return self._sec_reference(inputs)
 
     def _pairwise(self, inputs: list[RMInput]) -> list[Evaluation]:
-        """The pairwise judge on (response in slot A, reference in slot B): 1 / 0 from the verdict it writes, or its
-        probability of answering A (``verdict_readout="probability"``). Slot A is fixed, as in ``sec_reference``:
-        a pair scored in both orders compares each response's own slot-A score, so the position bias cancels."""
-        from pr_rlhf.reward.judge import judge_prompt, parse_verdict, slot_a_probabilities
-
-        out, todo = _with_reference(inputs, "pairwise")
-        prompts = [judge_prompt(inputs[i], inputs[i].chosen, inputs[i].rejected, self.cfg.input_mode,
-                                self.cfg.top_k_profile) for i in todo]
-        if self.cfg.verdict_readout == "probability":
-            for i, (p, e) in zip(todo, slot_a_probabilities(self.engine, prompts)):
-                out[i] = Evaluation((p,) if e is None else None, e, plan=inputs[i].plan)
-            return out  # type: ignore[return-value]
-        for i, text in self._texts(prompts, todo, inputs, out):
-            parsed = parse_verdict(text)
-            out[i] = Evaluation((1.0 if parsed.value == "A" else 0.0,) if parsed.ok else None, parsed.error,
-                                plan=inputs[i].plan)
-        return out  # type: ignore[return-value]
-
-    def _texts(self, prompts: list, todo: list[int], inputs: list[RMInput],
-               out: list[Evaluation | None]) -> list[tuple[int, str]]:
-        """(index, text) of each prompt the engine answered; a failed or empty generation is written into ``out``."""
-        generations = self.engine.generate(prompts, self.params) if prompts else []
-        if len(generations) != len(todo):
-            raise RuntimeError(f"engine returned {len(generations)} generations for {len(todo)} prompts")
-        texts = []
-        for i, gen in zip(todo, generations):
-            if gen.error is not None:
-                out[i] = Evaluation(None, f"engine_error: {gen.error}", plan=inputs[i].plan)
-            elif not gen.samples:
-                out[i] = Evaluation(None, "empty", plan=inputs[i].plan)
-            else:
-                texts.append((i, gen.samples[0].text))
-        return texts
+        return judged_against_reference(self.engine, self.params, inputs, self.cfg.verdict_readout,
+                                        mode=self.cfg.input_mode, top_k=self.cfg.top_k_profile)
 
     def _compact_view(self, req: RewardRequest) -> RewardRequest:
         """The request with its response and reference replaced by the compact rendering of the world attributes
@@ -342,7 +350,7 @@ class GenRMScorer(_ModelScorer):
                    sec_prompt(inputs[i], inputs[i].chosen, inputs[i].rejected, mode=self.cfg.input_mode,
                               top_k=self.cfg.top_k_profile, use_stated=self.cfg.use_stated_preferences)
                    for i in todo]
-        for i, text in self._texts(prompts, todo, inputs, out):
+        for i, text in _generated_texts(self.engine, self.params, prompts, todo, inputs, out):
             parsed = parse_sec(text)
             if parsed.ok:
                 sec = parsed.value
@@ -435,7 +443,7 @@ class EmbeddingScorer(Scorer):
 
 class PersonaScorer(Scorer):
     """A SynthesizeMe persona per user (built once per set of history pairs) read as the user's stated preferences
-    by the judge's 1-10 rating, or by a scalar RM's user block."""
+    by the judge (its 1-10 rating, or the pairwise judge against the reference), or by a scalar RM's user block."""
 
     def __init__(self, cfg: RewardConfig, engine: Any = None):
         from pr_rlhf.models import make_engine
@@ -469,6 +477,10 @@ class PersonaScorer(Scorer):
                                             candidates=self.cfg.candidates, validation=self.cfg.validation_pairs)
         return self.personas[key]
 
+    @property
+    def compares_with_reference(self) -> bool:
+        return self.cfg.compares_with_reference
+
     def evaluate(self, requests: Sequence[RewardRequest]) -> list[Evaluation]:
         from dataclasses import replace
 
@@ -478,6 +490,9 @@ class PersonaScorer(Scorer):
         for r in requests:
             inp = request_input(r)
             inputs.append(replace(inp, stated_preferences=self.persona(r.user_id, list(inp.history)).text))
+        if self.cfg.compares_with_reference:
+            return judged_against_reference(self.engine, self.params, inputs, self.cfg.verdict_readout,
+                                            blocks=[stated_block(inp) for inp in inputs])
         if self.rm is not None:   # the persona before the question, as a profile block would be
             ids = [self.rm.encoder.encode_text(f"{stated_block(inp)}\n\n{inp.question}".strip(), inp.chosen)
                    for inp in inputs]

@@ -294,8 +294,9 @@ class GPORewardConfig(EmbeddingRewardConfig):
 
 class PersonaRewardConfig(RewardBase):
     """A persona per user, induced from the request's history pairs as SynthesizeMe does
-    (``pr_rlhf.reward.persona``), read by a judge rating each response 1-10 (the pointwise prompt, the persona as
-    the user's stated preferences) or, with ``scalar_rm``, by a scalar RM's user block ("FT RM + persona")."""
+    (``pr_rlhf.reward.persona``), read as the user's stated preferences by the judge (its 1-10 rating, or the
+    pairwise judge against the request's reference) or, with ``scalar_rm``, by a scalar RM's user block ("FT RM +
+    persona")."""
 
     kind: Literal["persona"] = "persona"
     judge: EngineConfig = Field(default_factory=engine_config, description="writes the traces and the persona, and "
@@ -307,6 +308,27 @@ class PersonaRewardConfig(RewardBase):
     history_pairs: int = Field(8, ge=2, description="the most history pairs of a request the persona is built from")
     scalar_rm: ScalarRMConfig | None = Field(None, description="read the persona with this scalar RM instead of the "
                                                                "judge")
+    reader: Literal["pointwise", "pairwise"] = Field(
+        "pointwise", description="how the judge reads the persona: its 1-10 rating of the response, or the pairwise "
+                                 "judge on (response in slot A, meta['reference'] in slot B) as genrm_mode "
+                                 "'pairwise' (SynthesizeMe's own reader)")
+    verdict_readout: Literal["text", "probability"] = Field(
+        "text", description="reader 'pairwise': the verdict the judge writes, or its probability of 'Result: A' "
+                            "against 'Result: B' (as the genrm kind's verdict_readout)")
+
+    @property
+    def compares_with_reference(self) -> bool:
+        """The pairwise reader judges each response against a reference answer (meta['reference'])."""
+        return self.reader == "pairwise" and self.scalar_rm is None
+
+    @model_validator(mode="after")
+    def _reader_fits(self) -> PersonaRewardConfig:
+        if self.verdict_readout != "text" and self.reader != "pairwise":
+            raise ValueError(f"verdict_readout {self.verdict_readout!r} reads the pairwise judge's verdict: set "
+                             f"reader 'pairwise' (it is {self.reader!r})")
+        if self.scalar_rm is not None and self.reader != "pointwise":
+            raise ValueError("scalar_rm reads the persona itself: leave reader at 'pointwise' (the judge's reader)")
+        return self
 
     def engines(self) -> list[EngineRef]:
         """The judge always (it writes the traces and the persona), and the scalar RM that reads it when set."""

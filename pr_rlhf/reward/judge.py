@@ -122,9 +122,11 @@ class JudgeVerdict:
 
 
 def judge_prompt(inp: RMInput, answer_a: str, answer_b: str, mode: InputMode = "none", top_k: int = 10,
-                 template: str = "pairwise_judge") -> list[dict]:
-    return chat(template, user_block=user_block(inp, mode, top_k), conversation_block=conversation_block(inp),
-                question=inp.question, answer_a=answer_a, answer_b=answer_b)
+                 template: str = "pairwise_judge", block: str | None = None) -> list[dict]:
+    """``block``: what the judge is shown about the user instead of the input mode's block (a persona)."""
+    return chat(template, user_block=user_block(inp, mode, top_k) if block is None else block,
+                conversation_block=conversation_block(inp), question=inp.question, answer_a=answer_a,
+                answer_b=answer_b)
 
 
 JudgeFormat = Literal["judge", "sec", "sec_compact", "tagged", "json"]

@@ -8,9 +8,10 @@ paper), on any engine.
 3. **Selection on held-out choices.** Each candidate is shown to the judge as the user's stated preferences on the
    user's ``validation`` held-out pairs; the candidate that predicts most of them is the persona (ties: the first).
 
-The persona is then read wherever stated preferences are (``RMInput.stated_preferences``): by the pairwise judge
-(``persona_judge_prompt``), by a scalar RM's user block, by the P-GenRM chain. A user with too few pairs gets no
-persona (an empty one: the reader sees nothing about the user). Model output is never trusted: every guess is
+The persona is then read wherever stated preferences are (``RMInput.stated_preferences``): by the judge (the
+``persona`` kind's ``reader``: its 1-10 rating, or the pairwise judge against a reference), by a scalar RM's user
+block, by the P-GenRM chain. A user with too few pairs gets no persona (an empty one: the reader sees nothing about
+the user). Model output is never trusted: every guess is
 parsed by :func:`pr_rlhf.reward.judge.parse_verdict` and failures are counted.
 """
 from __future__ import annotations

@@ -77,3 +77,55 @@ def test_the_persona_kind_reads_the_persona_as_the_users_stated_preferences():
     assert scorer.personas and next(iter(scorer.personas.values())).text == "Wants brief answers."
     rating = [p for p in engine.prompts if "How well does this answer suit" in p][0]
     assert "Wants brief answers." in rating
+
+
+def test_the_pairwise_reader_shows_the_persona_to_the_judge_against_the_reference():
+    """``reader: pairwise`` (SynthesizeMe's own reader): the persona in the pairwise judge's user block, the response
+    in slot A against the request's reference; with the probability readout, the judge's share of 'Result: A'. A
+    user without a persona gets exactly the prompt of the judge that knows nothing of the user."""
+    from pr_rlhf.reward.judge import VERDICT_LINES, judge_prompt
+    from pr_rlhf.scorers import GenRMScorer, request_input
+
+    class Reader(Oracle):
+        def __init__(self, *a):
+            super().__init__(*a)
+            self.scored: list = []
+
+        def score_continuations(self, prefix, continuations):
+            assert continuations == list(VERDICT_LINES)
+            self.scored.append(prefix)
+            text = prefix[-1]["content"]
+            answer_a = text.split("[Answer A]")[1].split("[End of Answer A]")[0]
+            fits = "brief" in text and "short answer" in answer_a
+            return (-0.1, -2.0) if fits else (-2.0, -0.1)
+
+    engine = Reader({"c0", "c1", "c2", "c3"}, ["Wants brief answers."])
+    cfg = reward_config(kind="persona", candidates=1, reader="pairwise", verdict_readout="probability")
+    scorer = PersonaScorer(cfg, engine=engine)
+    assert scorer.compares_with_reference and cfg.compares_with_reference
+    history = [{"question": c.question, "chosen": c.chosen, "rejected": c.rejected} for c in CHOICES]
+    short, long = "short answer 9", "a long and winding answer 9"
+    requests = [RewardRequest("r0", "u1", "question 9", short, {"history": history, "reference": long}),
+                RewardRequest("r1", "u1", "question 9", long, {"history": history, "reference": short}),
+                RewardRequest("r2", "u2", "question 9", short, {"history": history[:1], "reference": long}),
+                RewardRequest("r3", "u1", "question 9", short, {"history": history})]
+    got = scorer.score(requests)
+    assert got[0][0] > 0.8 and got[1][0] < 0.2        # the persona makes the short answer win in either slot
+    assert got[3][0] is None and got[3][1].startswith("missing_reference")
+    assert "Wants brief answers." in engine.scored[0][-1]["content"]
+    # u2 has one pair: no persona, and the judge's prompt is the one that shows nothing about the user
+    assert engine.scored[2] == judge_prompt(request_input(requests[2]), short, long)
+    genrm = GenRMScorer(reward_config(kind="genrm", genrm_mode="pairwise", verdict_readout="probability"),
+                        engine=engine)
+    assert genrm.score(requests[2:3]) == got[2:3]
+
+
+def test_the_persona_readers_settings_are_checked():
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="verdict_readout"):
+        reward_config(kind="persona", verdict_readout="probability")
+    with pytest.raises(ValidationError, match="scalar_rm"):
+        reward_config(kind="persona", reader="pairwise", scalar_rm={"model": "tiny"})
+    assert not reward_config(kind="persona").compares_with_reference
