@@ -139,3 +139,23 @@ def test_the_study_resumes_from_collected_outcomes_when_run_directories_are_gone
     w.save(tool.RESULTS / "w2" / tool.OUTCOMES_FILE)
     assert tool.done(2, "ablations")
     assert tool.world_outcomes(2).arms["cre_ablation_ref"] == w.arms["cre"]
+
+
+def test_a_world_whose_bootstrap_never_varies_does_not_take_the_whole_pool():
+    """Two rows that differ on a few pairs only, each user's differences cancelling (+1 and -1), give a world whose
+    user bootstrap is 0 in every replicate. Its inverse variance must not be infinite: the pool then equals that
+    world's 0 with a CI of [0, 0] whatever the other worlds show. Its variance is floored at that of one discordant
+    pair among its pairs."""
+    ep = Endpoint("new - old", "new", "old")
+    users = [f"u{i}" for i in range(10) for _ in range(6)]
+    pairs = [f"p{i}" for i in range(60)]
+    still_new = [1.0 if i in (0, 6) else 0.0 for i in range(60)]     # u0 and u1: one pair up ...
+    still_old = [1.0 if i in (1, 7) else 0.0 for i in range(60)]     # ... and one pair down
+    still = WorldOutcomes(1, pairs, users, ["seen"] * 60, [False] * 60, {"new": still_new, "old": still_old})
+    moving = synthetic_world(2, 0.15)
+    rows = [world_difference(still, ep, 500, 0), world_difference(moving, ep, 500, 0)]
+    assert rows[0]["gain"] == 0.0 and rows[0]["se"] == 0.0 and rows[1]["gain"] > 0.05
+    pooled = pool(rows)
+    assert 0.01 < pooled["fixed"]["gain"] < rows[1]["gain"], pooled["fixed"]
+    assert pooled["fixed"]["ci_high"] > pooled["fixed"]["ci_low"], pooled["fixed"]
+    assert max(pooled["fixed"]["weights"]) < 0.99, pooled["fixed"]["weights"]
