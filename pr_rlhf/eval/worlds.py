@@ -134,13 +134,20 @@ def world_difference(w: WorldOutcomes, ep: Endpoint, n_bootstrap: int, seed: int
             "changed": int(np.count_nonzero(diff)), "_replicates": replicates}
 
 
+def world_variances(rows: Sequence[dict[str, Any]]) -> np.ndarray:
+    """Each world's variance, se^2, its se floored at one pair's share of its pairs: a world whose user bootstrap
+    never moves (two rows that differ on a few pairs, each user's differences cancelling) is as uncertain as one
+    discordant pair, not certain (an infinite weight would make the pool that world's difference)."""
+    return np.array([max(r["se"], 1.0 / max(r["pairs"], 1)) ** 2 for r in rows])
+
+
 def pool(per_world: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Fixed-effect (primary, stratified bootstrap CI) and DerSimonian-Laird random-effects estimates, Q, I^2."""
     worlds = [r for r in per_world if r is not None]
     if not worlds:
         return {"worlds": 0}
     gains = np.array([r["gain"] for r in worlds])
-    var = np.array([max(r["se"], 1e-9) ** 2 for r in worlds])
+    var = world_variances(worlds)
     w = 1.0 / var
     fixed = float((w * gains).sum() / w.sum())
     replicates = np.vstack([r["_replicates"] for r in worlds])            # (worlds, B), users within each world
@@ -184,7 +191,7 @@ def moderator(worlds: Sequence[WorldOutcomes], gain: Endpoint, unlearned: Mappin
         return {"worlds": len(rows), "points": []}
     x = np.array([unlearned[r["world"]] for r in rows])
     y = np.array([r["gain"] for r in rows])
-    wt = 1.0 / np.array([max(r["se"], 1e-9) ** 2 for r in rows])
+    wt = 1.0 / world_variances(rows)
     xm, ym = (wt * x).sum() / wt.sum(), (wt * y).sum() / wt.sum()
     slope = float((wt * (x - xm) * (y - ym)).sum() / max((wt * (x - xm) ** 2).sum(), 1e-12))
     rho = spearmanr(x, y).statistic
