@@ -1,9 +1,12 @@
 """The leaderboard's paired comparisons beyond its table (which compares every row with the global BT and with
 P-GenRM): the LLM judge with the user's preference history against without (addendum 14-17, prediction 15; on the
 judges' users) -> ``judges.json``; the fine-tuned BT RM with history against without, and PAL and LoRe against the
-BT RM with history (addendum 18-23, predictions 19 and 21) -> ``bt_rms.json``. Each per world and pooled over the
-reported worlds, and on the development world apart; 95% CIs resample users. Reads the committed per-pair outcomes
-(``docs/results/leaderboard/w<world>/outcomes.json``); ``tests/unit/test_leaderboard_results.py`` recomputes them.
+BT RM with history (addendum 18-23, predictions 19 and 21) -> ``bt_rms.json``; the judge reading a SynthesizeMe
+persona against the judge without user information and with the preference history (addendum 24-27, predictions 24
+and 25; on the persona's users) -> ``persona.json``. Each per world and pooled over the reported worlds, and on the
+development world apart where the rows were scored there; 95% CIs resample users. Reads the committed per-pair
+outcomes (``docs/results/leaderboard/w<world>/outcomes.json``); ``tests/unit/test_leaderboard_results.py``
+recomputes them.
 
     .venv/bin/python research/leaderboard_paired.py
 """
@@ -18,7 +21,8 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "docs" / "results" / "leaderboard"
 # file -> (new row, old row) pairs, each compared on the pairs both scored
 COMPARISONS = {"judges.json": [("judge_history", "judge")],
-               "bt_rms.json": [("bt_history", "bt_none"), ("pal", "bt_history"), ("lore", "bt_history")]}
+               "bt_rms.json": [("bt_history", "bt_none"), ("pal", "bt_history"), ("lore", "bt_history")],
+               "persona.json": [("persona", "judge"), ("persona", "judge_history")]}
 
 
 def paired(new: str, old: str) -> dict:
@@ -31,7 +35,10 @@ def paired(new: str, old: str) -> dict:
     out = {"new": new, "old": old}
     for name, worlds in (("reported", cfg.worlds), ("development", cfg.development_worlds)):
         frames = [WorldOutcomes.load(RESULTS / f"w{w}" / "outcomes.json") for w in worlds]
-        out[name] = {"worlds": list(worlds),
+        frames = [f for f in frames if {new, old} <= set(f.arms)]   # a row scored on some worlds only
+        if not frames:
+            continue
+        out[name] = {"worlds": [f.world for f in frames],
                      "analysis": analyse(frames, endpoints, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)}
     return json.loads(json.dumps(out))
 
@@ -48,7 +55,7 @@ def main() -> None:
         (RESULTS / file).write_text(json.dumps(result, indent=1) + "\n")
         for entry in result.get("comparisons", [result]):
             for name in ("reported", "development"):
-                for key, analysis in entry[name]["analysis"].items():
+                for key, analysis in entry.get(name, {}).get("analysis", {}).items():
                     fixed = analysis["pooled"]["fixed"]
                     print(f"{name} {key}: {100 * fixed['gain']:+.1f} [{100 * fixed['ci_low']:+.1f}, "
                           f"{100 * fixed['ci_high']:+.1f}]")

@@ -81,3 +81,18 @@ def test_the_committed_bt_rm_comparisons_are_their_committed_outcomes():
                                                                     ("lore", "bt_history")]
     for entry in again["comparisons"][0]["reported"]["analysis"].values():   # every user of every reported world
         assert [w["users"] for w in entry["worlds"]] == [200] * len(CFG.worlds), entry["worlds"]
+
+
+def test_the_committed_persona_comparisons_are_their_committed_outcomes():
+    """The judge reading a SynthesizeMe persona - the judge without it and with the preference history (addendum
+    24-27), paired on the persona's users (15 per group and world, the reported worlds only); cold-start users get no
+    persona, so the persona row is the judge on every one of their pairs."""
+    from tests.scripts import load_script
+
+    again = load_script("research/leaderboard_paired.py", "leaderboard_paired").comparisons("persona.json")
+    assert again == committed("persona.json")
+    assert "development" not in again["comparisons"][0]
+    for entry in again["comparisons"][0]["reported"]["analysis"].values():
+        assert [w["users"] for w in entry["worlds"]] == [15] * len(CFG.worlds), entry["worlds"]
+    cold = again["comparisons"][0]["reported"]["analysis"]["persona - judge (cold)"]
+    assert all(w["changed"] == 0 for w in cold["worlds"]), cold["worlds"]
