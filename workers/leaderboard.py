@@ -102,7 +102,7 @@ class Leaderboard:
         few = self._few_shot_sets(seed)
         arms, costs = self._methods(f"world {seed}", folder, items, lambda: training_pairs(world), few, seed)
         arms.update(self._models(folder, items, costs, few, seed))
-        arms.update(self._bt_rms(seed, folder, items, costs, few))
+        arms.update(self._bt_rms(f"w{seed}", folder, items, costs, few, seed))
         rows = {**arms, **reference_outcomes(world, self.cfg.references), **self._reused(seed)}
         users = {it.pair_id: it.user_id for it in items}
         for name, per_pair in rows.items():
@@ -176,11 +176,12 @@ class Leaderboard:
             costs[name] = {"score_s": saved["score_s"]}
         return arms
 
-    def _bt_rms(self, seed: int, folder: Path, items: list[Item], costs: dict,
-                few: dict[str, list[Item]]) -> dict[str, dict[str, float]]:
-        """The fine-tuned BT RMs (``bt_rm``): each input mode's scalar RM trained on the world's training pairs by
-        `pr-rlhf train-rm`'s trainer (unless COMPLETE), then scored like a model row (``bt_history`` also on the
-        few-shot sets; ``bt_none`` reads no pairs)."""
+    def _bt_rms(self, where: str, folder: Path, items: list[Item], costs: dict, few: dict[str, list[Item]],
+                seed: int | None, shards: str | None = None) -> dict[str, dict[str, float]]:
+        """The fine-tuned BT RMs (``bt_rm``): each input mode's scalar RM trained on the training pairs of the world
+        ``seed`` (its shards built under ``folder``) or of a real set's ``shards`` by `pr-rlhf train-rm`'s trainer
+        (unless COMPLETE), then scored like a model row (``bt_history`` also on the few-shot sets; ``bt_none`` reads
+        no pairs)."""
         bt = self.cfg.bt_rm
         if bt is None:
             return {}
@@ -189,15 +190,16 @@ class Leaderboard:
         from workers.rm_training import RMTrainer
 
         out = folder / "bt_rm"
-        rm = bt.model_copy(update={"shards": str(out / "data"), "out": str(out), "world": None})
-        ensure_world_shards(rm.shards, self.world_config(seed), log=self.log)
+        rm = bt.model_copy(update={"shards": shards or str(out / "data"), "out": str(out), "world": None})
+        if shards is None:
+            ensure_world_shards(rm.shards, self.world_config(seed), log=self.log)
 
         def progress(mode: str, step: int, steps: int, metrics: dict) -> None:
             if step % rm.checkpoint_every == 0 or step == steps:
                 loss = metrics.get("rm/bt_loss", float("nan"))
-                self.log(f"w{seed}: bt_{mode} step {step}/{steps}, BT loss {loss:.3f}")
+                self.log(f"{where}: bt_{mode} step {step}/{steps}, BT loss {loss:.3f}")
 
-        trainer = RMTrainer(Recipe(name=f"leaderboard_bt_w{seed}", seed=self.cfg.seed, rm=rm), on_step=progress,
+        trainer = RMTrainer(Recipe(name=f"leaderboard_bt_{where}", seed=self.cfg.seed, rm=rm), on_step=progress,
                             log=self.log)
         arms = {}
         for mode in bt.input_modes:
@@ -309,6 +311,7 @@ class Leaderboard:
                                  clusters=units if spec.cluster != "user" else None)
         arms, costs = self._methods(f"dataset {name}", folder, items, lambda: training, {}, None)
         arms.update(self._models(folder, items, costs, {}, None))
+        arms.update(self._bt_rms(f"dataset_{name}", folder, items, costs, {}, None, shards=spec.shards))
         users = {it.pair_id: it.user_id for it in items}
         for method, per_pair in arms.items():
             outcomes.add_arm(method, per_pair, users)

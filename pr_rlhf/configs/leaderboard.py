@@ -121,9 +121,10 @@ class LeaderboardConfig(StrictModel):
     against: str | None = Field(None, description="a second row every method is compared with (P-GenRM's)")
     few_shot: FewShotConfig | None = Field(None, description="the few-shot curve of cold-start users")
     bt_rm: RMTrainConfig | None = Field(
-        None, description="fine-tuned Bradley-Terry RMs, trained per world on its training pairs by `pr-rlhf "
-        "train-rm`'s trainer (its shards, out and world are the leaderboard's, per world), one row per input mode "
-        "(bt_none, bt_history: what the leaderboard's pairs carry about a user); bt_history also on the few-shot sets")
+        None, description="fine-tuned Bradley-Terry RMs, trained per world and per real pair set on its training "
+        "pairs by `pr-rlhf train-rm`'s trainer (its shards, out and world are the leaderboard's, per world or set), "
+        "one row per input mode (bt_none, bt_history: what the leaderboard's pairs carry about a user); bt_history "
+        "also on the few-shot sets")
     pool: RewardPoolConfig = Field(default_factory=RewardPoolConfig, description="the reward workers that score")
     n_bootstrap: int = Field(2000, ge=10)
     out: str = "runs/leaderboard"

@@ -1,10 +1,10 @@
 """`pr-rlhf leaderboard` as a user runs it, shrunk (a 30-user world, 150 training steps): every embedding method
 trained in a Ray task and a fine-tuned BT RM on the learner, each scored through a reward pool on the world's
-evaluation pairs, beside the world's references
-and a reused row (a committed outcomes file's arm, read not recomputed), one table whose every accuracy is the
-per-pair outcomes' mean (users as the bootstrap's unit), a development world apart, the few-shot curve, and PAL's
-curve through the running reward service (pairs sent as /feedback) agreeing with it pair for pair; a rerun trains
-and scores nothing again. The full run is recipes/leaderboard.yaml (docs/results/leaderboard/)."""
+evaluation pairs, beside the world's references and a reused row (a committed outcomes file's arm, read not
+recomputed), one table whose every accuracy is the per-pair outcomes' mean (users as the bootstrap's unit), a
+development world apart, the few-shot curve, and PAL's curve through the running reward service (pairs sent as
+/feedback) agreeing with it pair for pair; the methods and the BT RM on a pair set given as shards (as a real set is);
+a rerun trains and scores nothing again. The full run is recipes/leaderboard.yaml (docs/results/leaderboard/)."""
 import json
 import os
 from pathlib import Path
@@ -37,6 +37,11 @@ def committed_outcomes(folder: Path, world: int) -> Path:
 
 def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
     committed_outcomes(tmp_path / "study", 1)
+    from data_pipelines.build import ensure_world_shards
+    from pr_rlhf.configs.world import WorldConfig
+
+    # a pair set given as shards (as a real one is, after `pr-rlhf data build`): here a small world's
+    ensure_world_shards(tmp_path / "set_shards", WorldConfig(**{**WORLD, "users": 12, "cold_start_users": 4}, seed=3))
     recipe = tmp_path / "leaderboard.yaml"
     recipe.write_text(yaml.safe_dump({"name": "leaderboard_e2e", "seed": 0, "leaderboard": {
         "worlds": [1], "development_worlds": [7], "world": WORLD, "train": {"steps": 150},
@@ -51,6 +56,7 @@ def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
         # a fine-tuned BT RM reading the user's history, trained per world on the learner (2 steps: it runs)
         "bt_rm": {"model": "tiny", "input_modes": ["history"], "top_k_profile": 2, "max_length": 256, "steps": 2,
                   "batch_size": 8, "learner": {"micro_batch_size": 8}},
+        "datasets": {"toy": {"shards": str(tmp_path / "set_shards"), "history_pairs": 3, "licence": "made here"}},
         "against": "study", "n_bootstrap": 200,
         "few_shot": {"ks": [0, 2], "cold_start_history": 2, "service": ["pal"], "service_worlds": [1]}}}))
     out = tmp_path / "run"
@@ -95,6 +101,13 @@ def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
     assert all(r["agreement"] == r["compared"] == r["pairs"] > 0 for r in service), service
     for name in ("leaderboard.md", "leaderboard.png", "few_shot.md", "few_shot.png"):
         assert (out / name).is_file(), name
+    # the pair set: every method and the fine-tuned BT RM trained on its training pairs, scored on all its pairs
+    toy = WorldOutcomes.load(out / "datasets" / "toy" / "outcomes.json")
+    assert {*METHODS, "bt_history"} <= set(toy.arms) and {"seen", "cold"} == set(toy.groups)
+    assert all(a is not None for a in toy.arms["bt_history"])
+    assert (out / "datasets" / "toy" / "bt_rm" / "history" / "model").is_dir()
+    toy_board = json.loads((out / "datasets" / "toy.json").read_text())
+    assert toy_board["costs"]["bt_history"]["train_s"] > 0 and "made here" in (out / "datasets" / "toy.md").read_text()
 
     written = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.parent.name in ("arms",)}
     models = {p: p.stat().st_mtime_ns for p in out.rglob("model.safetensors")}
