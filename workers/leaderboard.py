@@ -36,6 +36,7 @@ from pr_rlhf.leaderboard.data import (
     Item,
     embed_training,
     evaluation_items,
+    first_pairs,
     first_users,
     reference_outcomes,
     training_pairs,
@@ -168,7 +169,7 @@ class Leaderboard:
                 continue
             main = [it if it.group != "seen" or row.seen_history is None else
                     replace(it, history=it.history[:row.seen_history])
-                    for it in first_users(items, row.users_per_group)]
+                    for it in first_pairs(first_users(items, row.users_per_group), row.pairs_per_user)]
             sets = {key: first_users(its, row.users_per_group) for key, its in few.items()} if row.few_shot else {}
             saved = self._score_row(folder, name, main, sets, seed, lambda _, n=name: leaderboard_model_reward(
                 self.cfg, n, seed))

@@ -79,6 +79,9 @@ class ModelRow(StrictModel):
                                         "group, seen and cold-start, every pair of theirs: a slow model on a sample "
                                         "of users (its row and its paired differences then cover their pairs; "
                                         "None: every user)")
+    pairs_per_user: int | None = Field(None, ge=1, description="score only each user's first N pairs (in the "
+                                       "set's order; after users_per_group): a slow model on a set of a few users "
+                                       "with many pairs each (None: every pair)")
     few_shot: bool = Field(True, description="also score it on the few-shot sets (a row that reads no history is "
                                              "flat there by construction)")
 

@@ -38,6 +38,19 @@ def first_users(items: Sequence[Item], per_group: int | None) -> list[Item]:
     return [it for it in items if (it.group, it.user_id) in chosen]
 
 
+def first_pairs(items: Sequence[Item], per_user: int | None) -> list[Item]:
+    """Each user's first ``per_user`` items, in their order (None: every item): a slow model on a set of few users."""
+    if per_user is None:
+        return list(items)
+    seen: dict[str, int] = {}
+    kept = []
+    for it in items:
+        seen[it.user_id] = seen.get(it.user_id, 0) + 1
+        if seen[it.user_id] <= per_user:
+            kept.append(it)
+    return kept
+
+
 def history_of(pairs: Sequence[WorldPair]) -> list[dict]:
     return [{"question": p.question, "chosen": p.chosen, "rejected": p.rejected} for p in pairs]
 

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from pr_rlhf.configs.reward import reward_config
-from pr_rlhf.leaderboard.data import Item, first_users
+from pr_rlhf.leaderboard.data import Item, first_pairs, first_users
 from pr_rlhf.models.base import Generation, Sample
 from pr_rlhf.reward.inputs import RMInput, user_block
 from pr_rlhf.reward.judge import VERDICT_LINES, slot_a_probabilities
@@ -123,6 +123,13 @@ def test_first_users_keeps_every_pair_of_the_first_users_of_each_group():
                                                        ("cold", "cold-user1"), ("cold", "cold-user2")}
     assert len(kept) == 8 and kept == [it for it in items if it in kept]     # every pair of theirs, in order
     assert first_users(items, None) == items
+
+
+def test_first_pairs_keeps_each_users_first_pairs_in_order():
+    items = [Item(f"p{k}-{u}", u, "seen", "q", "c", "r") for k in range(5) for u in ("b", "a")]
+    kept = first_pairs(items, 2)
+    assert [it.pair_id for it in kept] == ["p0-b", "p0-a", "p1-b", "p1-a"]
+    assert first_pairs(items, None) == items and first_pairs(items, 9) == items
 
 
 def test_the_probability_readout_on_a_real_model_is_its_own_two_verdict_probabilities():
