@@ -52,7 +52,11 @@ def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
                    # a slow model's row on a sample of users, not on the few-shot sets, under a name of its own
                    "prior_sampled": {"reward": {"kind": "world_estimate", "world": {**WORLD, "seed": 1},
                                                 "estimator": "no_history"}, "worlds": [1], "users_per_group": 2,
-                                     "few_shot": False, "label": "prior on two users per group"}},
+                                     "few_shot": False, "label": "prior on two users per group"},
+                   # a slow model on a set of few users: each user's first 2 pairs of the set, on no world
+                   "prior_set": {"reward": {"kind": "world_estimate", "world": {**WORLD, "seed": 1},
+                                            "estimator": "no_history"}, "worlds": [], "datasets": True,
+                                 "pairs_per_user": 2}},
         # a fine-tuned BT RM reading the user's history, trained per world on the learner (2 steps: it runs)
         "bt_rm": {"model": "tiny", "input_modes": ["history"], "top_k_profile": 2, "max_length": 256, "steps": 2,
                   "batch_size": 8, "learner": {"micro_batch_size": 8}},
@@ -105,6 +109,11 @@ def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
     toy = WorldOutcomes.load(out / "datasets" / "toy" / "outcomes.json")
     assert {*METHODS, "bt_history"} <= set(toy.arms) and {"seen", "cold"} == set(toy.groups)
     assert all(a is not None for a in toy.arms["bt_history"])
+    scored = [(u, a is not None) for u, a in zip(toy.users, toy.arms["prior_set"])]
+    for user in set(toy.users):   # the first 2 pairs of every user, in the set's order, and nothing else
+        flags = [s for u, s in scored if u == user]
+        assert all(flags[:2]) and not any(flags[2:]), (user, flags)
+    assert "prior_set" not in world.arms
     assert (out / "datasets" / "toy" / "bt_rm" / "history" / "model").is_dir()
     toy_board = json.loads((out / "datasets" / "toy.json").read_text())
     assert toy_board["costs"]["bt_history"]["train_s"] > 0 and "made here" in (out / "datasets" / "toy.md").read_text()
