@@ -3,8 +3,9 @@ P-GenRM): the LLM judge with the user's preference history against without (adde
 judges' users) -> ``judges.json``; the fine-tuned BT RM with history against without, and PAL and LoRe against the
 BT RM with history (addendum 18-23, predictions 19 and 21) -> ``bt_rms.json``; the judge reading a SynthesizeMe
 persona against the judge without user information and with the preference history (addendum 24-27, predictions 24
-and 25; on the persona's users) -> ``persona.json``. Each per world and pooled over the reported worlds, and on the
-development world apart where the rows were scored there; 95% CIs resample users. Reads the committed per-pair
+and 25; on the persona's users) -> ``persona.json``. Each per world and pooled over the reported worlds, on the
+development world apart, and on DSP (addendum 32-35; its CIs resample queries), where the rows were scored there;
+95% CIs resample users. Reads the committed per-pair
 outcomes (``docs/results/leaderboard/w<world>/outcomes.json``); ``tests/unit/test_leaderboard_results.py``
 recomputes them.
 
@@ -40,6 +41,11 @@ def paired(new: str, old: str) -> dict:
             continue
         out[name] = {"worlds": [f.world for f in frames],
                      "analysis": analyse(frames, endpoints, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)}
+    dsp = RESULTS / "dsp" / "outcomes.json"   # the real set: its users are all seen, its CIs resample queries
+    frame = WorldOutcomes.load(dsp) if dsp.is_file() else None
+    if frame is not None and {new, old} <= set(frame.arms):
+        out["dsp"] = {"analysis": analyse([frame], [e for e in endpoints if e.group == "seen"],
+                                          n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)}
     return json.loads(json.dumps(out))
 
 
@@ -54,7 +60,7 @@ def main() -> None:
         result = comparisons(file)
         (RESULTS / file).write_text(json.dumps(result, indent=1) + "\n")
         for entry in result.get("comparisons", [result]):
-            for name in ("reported", "development"):
+            for name in ("reported", "development", "dsp"):
                 for key, analysis in entry.get(name, {}).get("analysis", {}).items():
                     fixed = analysis["pooled"]["fixed"]
                     print(f"{name} {key}: {100 * fixed['gain']:+.1f} [{100 * fixed['ci_low']:+.1f}, "

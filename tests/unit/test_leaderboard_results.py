@@ -96,3 +96,6 @@ def test_the_committed_persona_comparisons_are_their_committed_outcomes():
         assert [w["users"] for w in entry["worlds"]] == [15] * len(CFG.worlds), entry["worlds"]
     cold = again["comparisons"][0]["reported"]["analysis"]["persona - judge (cold)"]
     assert all(w["changed"] == 0 for w in cold["worlds"]), cold["worlds"]
+    # on DSP (addendum 32-35): each user's first 100 pairs, 100 query units resampled
+    (dsp,) = again["comparisons"][0]["dsp"]["analysis"]["persona - judge (seen)"]["worlds"]
+    assert (dsp["pairs"], dsp["users"]) == (400, 100), dsp
