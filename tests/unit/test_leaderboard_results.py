@@ -99,3 +99,14 @@ def test_the_committed_persona_comparisons_are_their_committed_outcomes():
     # on DSP (addendum 32-35): each user's first 100 pairs, 100 query units resampled
     (dsp,) = again["comparisons"][0]["dsp"]["analysis"]["persona - judge (seen)"]["worlds"]
     assert (dsp["pairs"], dsp["users"]) == (400, 100), dsp
+
+
+def test_the_committed_dsp_table_is_its_committed_outcomes():
+    """DSP's table (`dsp/dsp.json`) is its per-pair outcomes' (no text shipped: pair ids, users, query units)."""
+
+    cfg = load_recipe(ROOT / "recipes" / "leaderboard_dsp.yaml").leaderboard
+    table = committed("dsp/dsp.json")
+    frame = WorldOutcomes.load(RESULTS / "dsp" / "outcomes.json")
+    again = build_board([frame], table["rows"], baseline=cfg.baseline, against=None, n_bootstrap=cfg.n_bootstrap,
+                        seed=cfg.seed)
+    assert strip(again) == {k: v for k, v in strip(table).items() if k != "dataset"}
