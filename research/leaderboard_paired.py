@@ -4,10 +4,9 @@ judges' users) -> ``judges.json``; the fine-tuned BT RM with history against wit
 BT RM with history (addendum 18-23, predictions 19 and 21) -> ``bt_rms.json``; the judge reading a SynthesizeMe
 persona against the judge without user information and with the preference history (addendum 24-27, predictions 24
 and 25; on the persona's users) -> ``persona.json``. Each per world and pooled over the reported worlds, on the
-development world apart, and on DSP (addendum 32-35; its CIs resample queries), where the rows were scored there;
-95% CIs resample users. Reads the committed per-pair
-outcomes (``docs/results/leaderboard/w<world>/outcomes.json``); ``tests/unit/test_leaderboard_results.py``
-recomputes them.
+development world apart, and on DSP (addendum 32-35), where the rows were scored there; 95% CIs resample users
+(queries on DSP). Reads the committed per-pair outcomes (``docs/results/leaderboard/w<world>/outcomes.json``,
+``dsp/outcomes.json``); ``tests/unit/test_leaderboard_results.py`` recomputes them.
 
     .venv/bin/python research/leaderboard_paired.py
 """
