@@ -151,3 +151,25 @@ def test_the_probability_readout_on_a_real_model_is_its_own_two_verdict_probabil
             assert error is None and 0 < p < 1 and p == pytest.approx(1 / (1 + math.exp(b - a)), abs=1e-6)
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("readout", ["text", "probability"])
+def test_a_pair_sent_to_the_reward_service_gets_each_response_judged_against_the_other(readout):
+    """``/score`` with ``responses: [a, b]`` on the pairwise judge: both responses' scores, each response in slot A
+    against the other (the leaderboard's both orders, so the position bias cancels), not one verdict and not two
+    requests without a reference; a single response still needs its ``reference``."""
+    from pr_rlhf.serve.schema import ScoreItem
+    from workers.reward_service import _evaluate
+
+    engine = ScriptedJudge(reply=lambda a: {"GOOD": "Result: A", "BAD": "Result: B"}[a.strip()],
+                           logprobs=lambda a: {"GOOD": [-0.2, -2.0], "BAD": [-2.0, -0.3]}[a.strip()])
+    judge = scorer(engine, verdict_readout=readout)
+    pair, single = _evaluate(judge, [ScoreItem(user_id="u1", query="What should I cook?", responses=["GOOD", "BAD"]),
+                                     ScoreItem(user_id="u1", query="What should I cook?", response="GOOD")])
+    assert pair.status == "ok" and pair.scores is not None and len(pair.scores) == 2, pair
+    good, bad = pair.scores
+    assert good > 0.5 > bad and pair.score == good
+    slots = sorted((slot_a(p).strip(), text_of(p).split("[Answer B]")[1].split("[End of Answer B]")[0].strip())
+                   for p in engine.prompts)
+    assert slots == [("BAD", "GOOD"), ("GOOD", "BAD")]    # each response against the other
+    assert single.score is None and single.status == "missing_reference", single

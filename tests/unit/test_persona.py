@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from pr_rlhf.configs.reward import reward_config
 from pr_rlhf.models.base import Generation, Sample
 from pr_rlhf.reward.judge import chosen_slot
@@ -118,6 +120,13 @@ def test_the_pairwise_reader_shows_the_persona_to_the_judge_against_the_referenc
     genrm = GenRMScorer(reward_config(kind="genrm", genrm_mode="pairwise", verdict_readout="probability"),
                         engine=engine)
     assert genrm.score(requests[2:3]) == got[2:3]
+    # a pair sent to the reward service: both responses' scores, each against the other (as r0 and r1 above)
+    from pr_rlhf.serve.schema import ScoreItem
+    from workers.reward_service import _evaluate
+
+    (pair,) = _evaluate(scorer, [ScoreItem(user_id="u1", query="question 9", responses=[short, long],
+                                           history=history)])
+    assert pair.scores == pytest.approx([got[0][0], got[1][0]]), pair
 
 
 def test_the_persona_readers_settings_are_checked():
