@@ -71,8 +71,14 @@ class Scorer(abc.ABC):
 
     @property
     def compares_with_reference(self) -> bool:
-        """True when one evaluation scores the response and the request's reference together (both scores of one
-        chain): the reward service then sends a pair as one request, not two."""
+        """True when an evaluation judges the response against the request's reference (``meta['reference']``): the
+        reward service then judges each response of a pair against the other."""
+        return False
+
+    @property
+    def scores_reference_too(self) -> bool:
+        """True when one evaluation against the reference also scores the reference (a chain scoring both slots):
+        the reward service then sends a pair as one request, not two."""
         return False
 
     @abc.abstractmethod
@@ -297,6 +303,10 @@ class GenRMScorer(_ModelScorer):
 
     @property
     def compares_with_reference(self) -> bool:
+        return self.cfg.compares_with_reference
+
+    @property
+    def scores_reference_too(self) -> bool:
         return self.cfg.genrm_mode == "sec_reference"
 
     def evaluate(self, requests: Sequence[RewardRequest]) -> list[Evaluation]:

@@ -58,15 +58,18 @@ app = FastAPI(title="pr_rlhf personalized reward")
 
 
 def _evaluate(scorer: Scorer, items: list[ScoreItem]) -> list[ScoreResult]:
-    """One scorer call for the whole batch. A pair becomes one request for a GenRM comparing against a reference
-    (both scores from one chain), two requests otherwise."""
+    """One scorer call for the whole batch. A pair becomes one request for a GenRM whose chain scores a response and
+    its reference together (both scores from one chain), two requests otherwise: for a judge comparing with a
+    reference, each response against the other (both orders, so the position bias cancels)."""
     requests, owners = [], []
     for i, item in enumerate(items):
         meta = item.meta()
-        if item.responses is not None and not scorer.compares_with_reference:
-            meta.pop("reference", None)
+        if item.responses is not None and not scorer.scores_reference_too:
             for j, text in enumerate(item.responses):
-                requests.append(RewardRequest(f"{i}.{j}", item.user_id, item.query, text, meta))
+                own = {k: v for k, v in meta.items() if k != "reference"}
+                if scorer.compares_with_reference:
+                    own["reference"] = item.responses[1 - j]
+                requests.append(RewardRequest(f"{i}.{j}", item.user_id, item.query, text, own))
                 owners.append((i, j))
         else:
             requests.append(RewardRequest(str(i), item.user_id, item.query, item.target, meta))

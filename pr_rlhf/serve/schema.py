@@ -39,8 +39,11 @@ class ScoreItem(_Strict):
     query: str = Field(..., min_length=1)
     response: str | None = Field(None, description="the response to score")
     responses: list[str] | None = Field(None, min_length=2, max_length=2,
-                                        description="a pair: both scored (a GenRM compares them in one chain)")
-    reference: str | None = Field(None, description="what a sec_reference GenRM compares a single response with")
+                                        description="a pair: both scored (a sec_reference GenRM in one chain, a "
+                                                    "pairwise judge each against the other)")
+    reference: str | None = Field(None, description="what a reward comparing with a reference (a sec_reference or "
+                                                    "pairwise GenRM, the persona's pairwise reader) compares a single "
+                                                    "response with")
     profile: list[ProfilePost] = Field(default_factory=list, description="retrieved profile posts, best first")
     history: list[HistoryTriple] = Field(default_factory=list, description="the user's past choices")
     plan: list[str] | None = Field(None, description="rubric aspects (skips the planner)")
