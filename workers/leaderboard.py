@@ -319,7 +319,16 @@ class Leaderboard:
         outcomes.meta = {"costs": costs, "dataset": name, "shards": spec.shards, "licence": spec.licence,
                          "cluster": spec.cluster, "history_pairs": spec.history_pairs}
         outcomes.save(folder / "outcomes.json")
-        result = table.build_board([outcomes], list(arms), baseline=self.cfg.baseline if self.cfg.baseline in arms
+        self.dataset_table(name, outcomes)
+        self.log(f"dataset {name}: {len(items)} evaluation pairs, {len(training)} training pairs")
+        return outcomes
+
+    def dataset_table(self, name: str, outcomes: WorldOutcomes) -> dict[str, Any]:
+        """``datasets/<name>.{json,md,png}``: the set's table from its per-pair outcomes (every arm a row, in order;
+        ``meta``: its costs and the set's description)."""
+        spec = self.cfg.datasets[name]
+        rows, costs = list(outcomes.arms), outcomes.meta.get("costs", {})
+        result = table.build_board([outcomes], rows, baseline=self.cfg.baseline if self.cfg.baseline in rows
                                    else None, against=None, n_bootstrap=self.cfg.n_bootstrap, seed=self.cfg.seed,
                                    costs=costs)
         result["dataset"] = {k: v for k, v in outcomes.meta.items() if k != "costs"}
@@ -327,10 +336,9 @@ class Leaderboard:
         unit = "queries" if spec.cluster == "query" else "users"
         atomic_write_text(self.out / "datasets" / f"{name}.md", table.markdown(
             result, self.labels, f"{name} (licence: {spec.licence or 'see the source'})", unit=unit,
-            scope=f"{len(items)} evaluation pairs of {len({it.user_id for it in items})} users"))
+            scope=f"{len(outcomes.pairs)} evaluation pairs of {len(set(outcomes.users))} users"))
         table.plot(result, self.out / "datasets" / f"{name}.png", self.labels)
-        self.log(f"dataset {name}: {len(items)} evaluation pairs, {len(training)} training pairs")
-        return outcomes
+        return result
 
     # -- few-shot ----------------------------------------------------------------------------------------------
     def _few_shot_sets(self, seed: int) -> dict[str, list[Item]]:
