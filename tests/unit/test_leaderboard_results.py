@@ -110,3 +110,29 @@ def test_the_committed_dsp_table_is_its_committed_outcomes():
     again = build_board([frame], table["rows"], baseline=cfg.baseline, against=None, n_bootstrap=cfg.n_bootstrap,
                         seed=cfg.seed)
     assert strip(again) == {k: v for k, v in strip(table).items() if k != "dataset"}
+
+
+def test_rows_run_apart_join_the_dsp_outcomes_only_where_every_shared_row_agrees(tmp_path):
+    """`research/dsp_rows_merged.py`: a row from a run folder of its own is added to the committed DSP outcomes with
+    its costs; a run whose shared rows differ on one pair, or that lacks the row, is refused."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dsp_rows_merged", ROOT / "research" / "dsp_rows_merged.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    base = WorldOutcomes.load(RESULTS / "dsp" / "outcomes.json")
+    run = tmp_path / "run"
+    (run / "datasets" / "dsp").mkdir(parents=True)
+    fresh = WorldOutcomes(base.world, base.pairs, base.users, base.groups, base.contested,
+                          {"pal": list(base.arms["pal"]), "new_row": [1.0] * len(base.pairs)},
+                          {"costs": {"pal": {}, "new_row": {"train_s": 1.0, "score_s": 2.0}}}, base.clusters)
+    fresh.save(run / "datasets" / "dsp" / "outcomes.json")
+    joined = module.merged(run, ["new_row"])
+    assert list(joined.arms)[-1] == "new_row" and list(joined.arms)[:-1] == list(base.arms)
+    assert joined.meta["costs"]["new_row"] == {"train_s": 1.0, "score_s": 2.0}
+    with pytest.raises(ValueError, match="no rows"):
+        module.merged(run, ["other_row"])
+    fresh.arms["pal"][0] = 1.0 - fresh.arms["pal"][0]
+    fresh.save(run / "datasets" / "dsp" / "outcomes.json")
+    with pytest.raises(ValueError, match=r"rows \['pal'\] disagree"):
+        module.merged(run, ["new_row"])
