@@ -40,6 +40,7 @@ from pr_rlhf.leaderboard.data import (
     first_users,
     reference_outcomes,
     training_pairs,
+    with_profiles,
 )
 from pr_rlhf.world import build_world
 
@@ -49,7 +50,8 @@ LABELS = {"bt_embedding": "global BT (embeddings)", "pal": "PAL", "lore": "LoRe"
           "logistic_regression@all": "per-user LR (seen: all train pairs)",
           "pgenrm_psi": "P-GenRM PSI (SFT)", "pgenrm_cre": "P-GenRM CRE (GRPO)",
           "pgenrm_full": "P-GenRM full pipeline", "pgenrm_psi_scaled": "P-GenRM PSI + scaling (m 16, n 8)",
-          "bt_none": "fine-tuned BT RM (no user information)", "bt_history": "fine-tuned BT RM + preference history"}
+          "bt_none": "fine-tuned BT RM (no user information)", "bt_history": "fine-tuned BT RM + preference history",
+          "bt_profile": "fine-tuned BT RM + retrieved profile posts"}
 
 
 def _train_task(data_file: str, method: str, hyper: dict, settings: dict, folder: str, embedder: str) -> dict:
@@ -182,7 +184,7 @@ class Leaderboard:
         """The fine-tuned BT RMs (``bt_rm``): each input mode's scalar RM trained on the training pairs of the world
         ``seed`` (its shards built under ``folder``) or of a real set's ``shards`` by `pr-rlhf train-rm`'s trainer
         (unless COMPLETE), then scored like a model row (``bt_history`` also on the few-shot sets; ``bt_none`` reads
-        no pairs)."""
+        no pairs; ``bt_profile`` the posts its shards retrieved for each pair, whatever k)."""
         bt = self.cfg.bt_rm
         if bt is None:
             return {}
@@ -210,7 +212,8 @@ class Leaderboard:
                 trainer.train(mode)
                 atomic_write_text(timing, json.dumps({"train_s": time.perf_counter() - start}))
             model = str(out / mode / "model")
-            saved = self._score_row(folder, name, items, few if mode != "none" else {}, seed,
+            shown = with_profiles(items, rm.shards) if mode == "profile" else items
+            saved = self._score_row(folder, name, shown, few if mode == "history" else {}, seed,
                                     lambda _, m=mode, d=model: leaderboard_bt_reward(self.cfg, m, d))
             arms[name] = self._with_failures(name, saved, items)
             trained = json.loads(timing.read_text())["train_s"] if timing.is_file() else float("nan")
@@ -284,7 +287,8 @@ class Leaderboard:
         with RewardPool(cfg) as pool:
             for key, items in sets.items():
                 requests = [RewardRequest(f"{it.pair_id}|{side}", it.user_id, it.question, text,
-                                          {"history": it.history, **({"reference": other} if both_orders else {})})
+                                          {"history": it.history, "retrieved": it.profile,
+                                           **({"reference": other} if both_orders else {})})
                             for it in items for side, text, other in (("c", it.chosen, it.rejected),
                                                                       ("r", it.rejected, it.chosen))]
                 start = time.perf_counter()

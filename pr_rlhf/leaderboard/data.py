@@ -17,7 +17,8 @@ from pr_rlhf.world.reference import held_out_by_user, reference_scores
 
 @dataclass
 class Item:
-    """An evaluation pair and the user's pairs a method is given about its user (oldest first)."""
+    """An evaluation pair and what a method is given about its user: their pairs (oldest first) and, for a row
+    reading posts, the user's profile posts retrieved for the question (best first)."""
 
     pair_id: str
     user_id: str
@@ -26,6 +27,7 @@ class Item:
     chosen: str
     rejected: str
     history: list[dict] = field(default_factory=list)
+    profile: list[dict] = field(default_factory=list)
 
 
 def first_users(items: Sequence[Item], per_group: int | None) -> list[Item]:
@@ -66,6 +68,20 @@ def evaluation_items(world: World, seen_history: int | None = None, cold_history
             out += [Item(p.pair_id, p.user_id, group.name, p.question, p.chosen, p.rejected, history)
                     for p in held_out]
     return out
+
+
+def with_profiles(items: Sequence[Item], shards: str) -> list[Item]:
+    """``items`` each with the profile posts its pair row holds in ``shards`` (`pr-rlhf data build`'s ``retrieved``:
+    what `pr-rlhf train-rm`'s w/ profile RM was trained to read)."""
+    from dataclasses import replace
+
+    from pr_rlhf.shards import ShardReader
+
+    retrieved = {r["pair_id"]: list(r.get("retrieved") or []) for r in ShardReader(shards).iter_rows("pairs")}
+    missing = [it.pair_id for it in items if it.pair_id not in retrieved]
+    if missing:
+        raise ValueError(f"{shards}: no pair rows for evaluation pairs {missing[:3]} ({len(missing)} in all)")
+    return [replace(it, profile=retrieved[it.pair_id]) for it in items]
 
 
 def training_pairs(world: World) -> list[WorldPair]:

@@ -57,8 +57,9 @@ def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
                    "prior_set": {"reward": {"kind": "world_estimate", "world": {**WORLD, "seed": 1},
                                             "estimator": "no_history"}, "worlds": [], "datasets": True,
                                  "pairs_per_user": 2}},
-        # a fine-tuned BT RM reading the user's history, trained per world on the learner (2 steps: it runs)
-        "bt_rm": {"model": "tiny", "input_modes": ["history"], "top_k_profile": 2, "max_length": 256, "steps": 2,
+        # fine-tuned BT RMs reading the user's history and their retrieved posts, trained per world on the learner
+        # (2 steps: they run)
+        "bt_rm": {"model": "tiny", "input_modes": ["history", "profile"], "top_k_profile": 2, "max_length": 256, "steps": 2,
                   "batch_size": 8, "learner": {"micro_batch_size": 8}},
         "datasets": {"toy": {"shards": str(tmp_path / "set_shards"), "history_pairs": 3, "licence": "made here"}},
         "against": "study", "n_bootstrap": 200,
@@ -71,6 +72,7 @@ def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
     assert {*METHODS, "oracle", "logistic_regression", "no_history", "oracle@all", "study", "prior_rm",
             "bt_history"} <= set(world.arms)
     assert all(a is not None for a in world.arms["bt_history"])   # every pair scored by the trained BT RM
+    assert all(a is not None for a in world.arms["bt_profile"])   # ... and by the one reading the pairs' posts
     assert set(world.groups) == {"seen", "cold"} and all(u.startswith("u") for u in world.users)
     sampled = {(g, u) for g, u, a in zip(world.groups, world.users, world.arms["prior_sampled"]) if a is not None}
     for group in ("seen", "cold"):   # every pair of the first two users of each group, and nothing else
@@ -108,7 +110,7 @@ def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
     # the pair set: every method and the fine-tuned BT RM trained on its training pairs, scored on all its pairs
     toy = WorldOutcomes.load(out / "datasets" / "toy" / "outcomes.json")
     assert {*METHODS, "bt_history"} <= set(toy.arms) and {"seen", "cold"} == set(toy.groups)
-    assert all(a is not None for a in toy.arms["bt_history"])
+    assert all(a is not None for a in toy.arms["bt_history"]) and all(a is not None for a in toy.arms["bt_profile"])
     scored = [(u, a is not None) for u, a in zip(toy.users, toy.arms["prior_set"])]
     for user in set(toy.users):   # the first 2 pairs of every user, in the set's order, and nothing else
         flags = [s for u, s in scored if u == user]

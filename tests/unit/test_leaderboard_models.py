@@ -34,7 +34,31 @@ def test_the_fine_tuned_bt_rms_are_rows_of_their_own_read_as_train_rm_reads_them
     phases = {g.phase for g in leaderboard_groups(cfg)}
     assert {"leaderboard bt training", "leaderboard score bt_none", "leaderboard score bt_history"} <= phases
     assert LeaderboardConfig(bt_rm=bt, baseline="bt_none").baseline == "bt_none"
-    with pytest.raises(ValueError, match="history, not posts"):
-        LeaderboardConfig(bt_rm={**bt, "input_modes": ["profile"]})
+    assert LeaderboardConfig(bt_rm={**bt, "input_modes": ["profile"]}).bt_rows() == ["bt_profile"]
+    with pytest.raises(ValueError, match="not plans"):
+        LeaderboardConfig(bt_rm={**bt, "input_modes": ["plan"], "planner": {"model": "tiny"}})
     with pytest.raises(ValueError, match="bt_rm already"):
         LeaderboardConfig(bt_rm=bt, models={"bt_none": ROW})
+
+
+def test_a_row_reading_posts_gets_each_pairs_retrieved_posts_from_its_shards(tmp_path):
+    """``bt_profile`` reads what `pr-rlhf data build` retrieved for the pair (what its RM was trained on): the
+    evaluation items of a world get their pair rows' posts; a pair the shards lack is an error naming them."""
+    from dataclasses import replace
+
+    from data_pipelines.build import ensure_world_shards
+    from pr_rlhf.configs.world import WorldConfig
+    from pr_rlhf.leaderboard.data import evaluation_items, with_profiles
+    from pr_rlhf.shards import ShardReader
+    from pr_rlhf.world import build_world
+
+    world = WorldConfig(rendering="compact", users=6, cold_start_users=3, history_size=3, reference_samples=100)
+    ensure_world_shards(str(tmp_path / "s"), world, log=lambda *_: None)
+    items = evaluation_items(build_world(world))
+    shown = with_profiles(items, str(tmp_path / "s"))
+    rows = {r["pair_id"]: r["retrieved"] for r in ShardReader(str(tmp_path / "s")).iter_rows("pairs")}
+    assert [it.profile for it in shown] == [list(rows[it.pair_id]) for it in items]
+    assert all(it.profile and it.profile[0]["text"] for it in shown)       # every user has posts, cold ones too
+    assert {it.group for it in shown} == {"seen", "cold"} and not any(it.profile for it in items)
+    with pytest.raises(ValueError, match=r"no pair rows for evaluation pairs \['stray'\]"):
+        with_profiles([replace(items[0], pair_id="stray")], str(tmp_path / "s"))
