@@ -59,8 +59,8 @@ def test_leaderboard_trains_scores_tables_and_resumes(tmp_path):
                                  "pairs_per_user": 2}},
         # fine-tuned BT RMs reading the user's history and their retrieved posts, trained per world on the learner
         # (2 steps: they run)
-        "bt_rm": {"model": "tiny", "input_modes": ["history", "profile"], "top_k_profile": 2, "max_length": 256, "steps": 2,
-                  "batch_size": 8, "learner": {"micro_batch_size": 8}},
+        "bt_rm": {"model": "tiny", "input_modes": ["history", "profile"], "top_k_profile": 2, "max_length": 256,
+                  "steps": 2, "batch_size": 8, "learner": {"micro_batch_size": 8}},
         "datasets": {"toy": {"shards": str(tmp_path / "set_shards"), "history_pairs": 3, "licence": "made here"}},
         "against": "study", "n_bootstrap": 200,
         "few_shot": {"ks": [0, 2], "cold_start_history": 2, "service": ["pal"], "service_worlds": [1]}}}))
