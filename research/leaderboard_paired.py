@@ -3,10 +3,13 @@ P-GenRM): the LLM judge with the user's preference history against without (adde
 judges' users) -> ``judges.json``; the fine-tuned BT RM with history against without, and PAL and LoRe against the
 BT RM with history (addendum 18-23, predictions 19 and 21) -> ``bt_rms.json``; the judge reading a SynthesizeMe
 persona against the judge without user information and with the preference history (addendum 24-27, predictions 24
-and 25; on the persona's users) -> ``persona.json``. Each per world and pooled over the reported worlds, on the
-development world apart, and on DSP (addendum 32-35), where the rows were scored there; 95% CIs resample users
-(queries on DSP). Reads the committed per-pair outcomes (``docs/results/leaderboard/w<world>/outcomes.json``,
-``dsp/outcomes.json``); ``tests/unit/test_leaderboard_results.py`` recomputes them.
+and 25; on the persona's users) -> ``persona.json``; the BT RM reading retrieved posts against without and against
+the one reading history (addendum 40-43) -> ``bt_rms.json``; the judge + history given 8 of a cold-start user's
+pairs against none and against PAL given the same 8 (addendum 36-39, on the judge's users) -> ``few_shot_judge.json``.
+Each per world and pooled over the reported worlds, on the development world apart, and on DSP (addendum 32-35),
+where the rows were scored there; 95% CIs resample users (queries on DSP). Reads the committed per-pair outcomes
+(``docs/results/leaderboard/w<world>/outcomes.json`` or ``few_shot_outcomes.json``, ``dsp/outcomes.json``);
+``tests/unit/test_leaderboard_results.py`` recomputes them.
 
     .venv/bin/python research/leaderboard_paired.py
 """
@@ -21,29 +24,34 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "docs" / "results" / "leaderboard"
 # file -> (new row, old row) pairs, each compared on the pairs both scored
 COMPARISONS = {"judges.json": [("judge_history", "judge")],
-               "bt_rms.json": [("bt_history", "bt_none"), ("pal", "bt_history"), ("lore", "bt_history")],
-               "persona.json": [("persona", "judge"), ("persona", "judge_history")]}
+               "bt_rms.json": [("bt_history", "bt_none"), ("pal", "bt_history"), ("lore", "bt_history"),
+                               ("bt_profile", "bt_none"), ("bt_profile", "bt_history")],
+               "persona.json": [("persona", "judge"), ("persona", "judge_history")],
+               "few_shot_judge.json": [("judge_history@8", "judge_history@0"), ("judge_history@8", "pal@8")]}
+# the few-shot curve's arms (``<row>@<k>``, cold-start users only) are in each world's few_shot_outcomes.json
+FEW_SHOT = {"few_shot_judge.json"}
 
 
-def paired(new: str, old: str) -> dict:
+def paired(new: str, old: str, outcomes: str = "outcomes.json") -> dict:
     from pr_rlhf.configs.recipe import load_recipe
     from pr_rlhf.eval.groups import EVAL_GROUPS
     from pr_rlhf.eval.worlds import Endpoint, WorldOutcomes, analyse
 
     cfg = load_recipe(ROOT / "recipes" / "leaderboard.yaml").leaderboard
-    endpoints = [Endpoint(f"{new} - {old} ({group})", new, old, group) for group in EVAL_GROUPS]
     out = {"new": new, "old": old}
     for name, worlds in (("reported", cfg.worlds), ("development", cfg.development_worlds)):
-        frames = [WorldOutcomes.load(RESULTS / f"w{w}" / "outcomes.json") for w in worlds]
+        frames = [WorldOutcomes.load(RESULTS / f"w{w}" / outcomes) for w in worlds]
         frames = [f for f in frames if {new, old} <= set(f.arms)]   # a row scored on some worlds only
         if not frames:
             continue
+        endpoints = [Endpoint(f"{new} - {old} ({group})", new, old, group) for group in EVAL_GROUPS
+                     if any(group in f.groups for f in frames)]
         out[name] = {"worlds": [f.world for f in frames],
                      "analysis": analyse(frames, endpoints, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)}
     dsp = RESULTS / "dsp" / "outcomes.json"   # the real set: its users are all seen, its CIs resample queries
     frame = WorldOutcomes.load(dsp) if dsp.is_file() else None
     if frame is not None and {new, old} <= set(frame.arms):
-        out["dsp"] = {"analysis": analyse([frame], [e for e in endpoints if e.group == "seen"],
+        out["dsp"] = {"analysis": analyse([frame], [Endpoint(f"{new} - {old} (seen)", new, old, "seen")],
                                           n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)}
     return json.loads(json.dumps(out))
 
@@ -51,7 +59,8 @@ def paired(new: str, old: str) -> dict:
 def comparisons(file: str) -> dict:
     """``file``'s content: one comparison as its own object (judges.json), several as a list."""
     pairs = COMPARISONS[file]
-    return paired(*pairs[0]) if len(pairs) == 1 else {"comparisons": [paired(*p) for p in pairs]}
+    outcomes = "few_shot_outcomes.json" if file in FEW_SHOT else "outcomes.json"
+    return paired(*pairs[0], outcomes) if len(pairs) == 1 else {"comparisons": [paired(*p, outcomes) for p in pairs]}
 
 
 def main() -> None:
