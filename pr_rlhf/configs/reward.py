@@ -318,8 +318,9 @@ class PersonaRewardConfig(RewardBase):
 
     @property
     def compares_with_reference(self) -> bool:
-        """The pairwise reader judges each response against a reference answer (meta['reference'])."""
-        return self.reader == "pairwise" and self.scalar_rm is None
+        """The pairwise reader judges each response against a reference answer (meta['reference']); a scalar RM
+        reads only with the pointwise reader (the validator's rule)."""
+        return self.reader == "pairwise"
 
     @model_validator(mode="after")
     def _reader_fits(self) -> PersonaRewardConfig:
