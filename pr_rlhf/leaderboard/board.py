@@ -233,14 +233,16 @@ def few_shot_markdown(curve: Mapping[str, Any], labels: Mapping[str, str] | None
     cell = {(c["method"], c["k"]): c for c in curve["curve"]}
     lines = ["## Few-shot cold-start users", "",
              f"Worlds {', '.join(map(str, curve['worlds']))}: each cold-start user given k of their pairs; accuracy % "
-             "on their test pairs, 95% CI resampling users, pooled over the worlds (fixed effect). A pair a model "
-             "could not score counts as a coin flip (\\* below).", "",
-             "| method | " + " | ".join(f"k = {k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+             "on their test pairs, 95% CI resampling users, pooled over the worlds (fixed effect); `pairs`: the test "
+             "pairs a row scored at each k (fewer for a row on a sample of users). A pair a model could not score "
+             "counts as a coin flip (\\* below).", "",
+             "| method | pairs | " + " | ".join(f"k = {k}" for k in ks) + " |", "|---|---|" + "---|" * len(ks)]
     for m in methods:
         cells = [f"{100 * cell[m, k]['accuracy']:.1f} [{100 * cell[m, k]['ci_low']:.1f}, "
                  f"{100 * cell[m, k]['ci_high']:.1f}]{' *' if cell[m, k].get('unscored') else ''}"
                  if (m, k) in cell else "-" for k in ks]
-        lines.append(f"| {labels.get(m, m)} | " + " | ".join(cells) + " |")
+        pairs = max(cell[m, k]["pairs"] for k in ks if (m, k) in cell)
+        lines.append(f"| {labels.get(m, m)} | {pairs:,} | " + " | ".join(cells) + " |")
     failed = [c for c in curve["curve"] if c.get("unscored")]
     if failed:
         lines += [""] + [f"\\* {labels.get(c['method'], c['method'])}, k = {c['k']}: {c['unscored']} of {c['pairs']} "

@@ -26,6 +26,10 @@ def test_an_unscored_pair_counts_as_a_coin_flip_and_is_counted():
     assert cells["genrm", 8]["accuracy"] == pytest.approx(record["accuracy"])
     md = few_shot_markdown(curve)
     assert "797 of 800 pairs unscored" in md and "coin flip" in md
+    # a row on a sample of users says how many pairs it scored
+    sample = few_shot_record(0, "judge", 8, dict(list(users.items())[:120]), {}, n_bootstrap=50, seed=0)
+    md = few_shot_markdown(few_shot_board(few_shot_frames([record, full, sample]), n_bootstrap=50, seed=0))
+    assert "| genrm | 800 |" in md and "| judge | 120 |" in md, md
 
 
 def test_a_pair_outside_the_set_is_refused():
