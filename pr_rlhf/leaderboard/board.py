@@ -221,7 +221,7 @@ def few_shot_board(frames: Sequence[WorldOutcomes], n_bootstrap: int = 2000, see
         curve.append({"method": method, "k": int(k), "accuracy": fixed["gain"], "ci_low": fixed["ci_low"],
                       "ci_high": fixed["ci_high"],
                       "worlds": [w["world"] for w in board["table"][name]["accuracy_cold"]["worlds"]],
-                      "pairs": sum(len(f.pairs) for f in measured),
+                      "pairs": sum(v is not None for f in measured for v in f.arms[name]),
                       "unscored": sum(f.meta.get("unscored", {}).get(name, 0) for f in measured)})
     return {"worlds": board["worlds"], "curve": curve}
 
