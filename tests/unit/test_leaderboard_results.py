@@ -139,3 +139,15 @@ def test_rows_run_apart_join_the_dsp_outcomes_only_where_every_shared_row_agrees
     fresh.save(run / "datasets" / "dsp" / "outcomes.json")
     with pytest.raises(ValueError, match=r"rows \['pal'\] disagree"):
         module.merged(run, ["new_row"])
+
+
+def test_the_committed_few_shot_judge_comparisons_are_their_committed_outcomes():
+    """The judge + history on the few-shot sets (addendum 36-39): k = 8 against k = 0 and against PAL at k = 8, on
+    the judge's users (the first 30 cold-start users of each world), recomputed from the few-shot outcomes."""
+    from tests.scripts import load_script
+
+    again = load_script("research/leaderboard_paired.py", "leaderboard_paired").comparisons("few_shot_judge.json")
+    assert again == committed("few_shot_judge.json")
+    for comparison in again["comparisons"]:
+        (entry,) = comparison["reported"]["analysis"].values()   # cold-start users only
+        assert [(w["users"], w["pairs"]) for w in entry["worlds"]] == [(30, 120)] * len(CFG.worlds), entry["worlds"]
