@@ -118,11 +118,9 @@ def test_the_committed_dsp_table_is_its_committed_outcomes():
 def test_rows_run_apart_join_the_dsp_outcomes_only_where_every_shared_row_agrees(tmp_path):
     """`research/dsp_rows_merged.py`: a row from a run folder of its own is added to the committed DSP outcomes with
     its costs; a run whose shared rows differ on one pair, or that lacks the row, is refused."""
-    import importlib.util
+    from tests.scripts import load_script
 
-    spec = importlib.util.spec_from_file_location("dsp_rows_merged", ROOT / "research" / "dsp_rows_merged.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("research/dsp_rows_merged.py", "dsp_rows_merged")
     base = WorldOutcomes.load(RESULTS / "dsp" / "outcomes.json")
     run = tmp_path / "run"
     (run / "datasets" / "dsp").mkdir(parents=True)
