@@ -337,10 +337,15 @@ def leaderboard_bt_reward(cfg: LeaderboardConfig, mode: str, model_dir: str = "<
                           ) -> RewardBase:
     """The reward a fine-tuned BT RM of the leaderboard (``bt_rm``) is scored with: the scalar RM trained in input
     mode ``mode`` (``model_dir``: its world's folder; the pre-flight check sizes the engine without one), read as
-    `pr-rlhf train-rm`'s evaluation reads it, on the leaderboard's pool."""
+    `pr-rlhf train-rm`'s evaluation reads it, on the leaderboard's pool. Mode 'persona': the ``persona`` kind
+    (``bt_rm.persona``) with the RM as its reader and the persona book the RM was trained with beside its model."""
     bt = cfg.bt_rm
+    scalar_rm = rm_eval_scalar_rm(bt).model_copy(update={"model": model_dir}).model_dump()
+    if mode == "persona":
+        return reward_config(**{**bt.persona.model_dump(), "pool": cfg.pool.model_dump(), "scalar_rm": scalar_rm,
+                                "personas": f"{model_dir.rsplit('/', 1)[0]}/personas.json"})
     return reward_config(kind="scalar", input_mode=mode, top_k_profile=bt.top_k_profile, pool=cfg.pool.model_dump(),
-                         scalar_rm=rm_eval_scalar_rm(bt).model_copy(update={"model": model_dir}).model_dump())
+                         scalar_rm=scalar_rm)
 
 
 def leaderboard_groups(cfg: LeaderboardConfig, cluster_gpus: float = 0.0) -> list[ActorGroup]:
@@ -356,6 +361,10 @@ def leaderboard_groups(cfg: LeaderboardConfig, cluster_gpus: float = 0.0) -> lis
         groups.append(reward_pool_group(leaderboard_model_reward(cfg, name), where, f"leaderboard score {name}",
                                         f"{name} worker", None if "pool" in row.reward else "leaderboard.pool"))
     if cfg.bt_rm is not None:
+        persona = cfg.bt_rm.persona
+        if "persona" in cfg.bt_rm.input_modes and persona is not None and persona.judge.backend != "openai":
+            groups.append(_driver("driver (leaderboard.bt_rm.persona)", "leaderboard bt personas (training users)",
+                                  [EngineRef("leaderboard.bt_rm.persona.judge", persona.judge)]))
         groups.append(rm_learner_group(cfg.bt_rm, cluster_gpus, "leaderboard.bt_rm", "leaderboard bt training"))
         for mode in cfg.bt_rm.input_modes:
             groups.append(reward_pool_group(leaderboard_bt_reward(cfg, mode), "leaderboard.bt_rm",

@@ -452,41 +452,23 @@ class EmbeddingScorer(Scorer):
 
 
 class PersonaScorer(Scorer):
-    """A SynthesizeMe persona per user (built once per set of history pairs) read as the user's stated preferences
-    by the judge (its 1-10 rating, or the pairwise judge against the reference), or by a scalar RM's user block."""
+    """A SynthesizeMe persona per user (built once per set of history pairs, every user a batch lacks at once; read
+    from ``cfg.personas`` first) read as the user's stated preferences by the judge (its 1-10 rating, or the
+    pairwise judge against the reference), or by a scalar RM's user block (input mode 'persona')."""
 
     def __init__(self, cfg: RewardConfig, engine: Any = None):
         from pr_rlhf.models import make_engine
-        from pr_rlhf.models.base import SamplingParams
 
         self.cfg = cfg
         self._own = engine is None
         self.engine = make_engine(cfg.judge) if engine is None else engine
-        gen = cfg.generation
-        self.params = SamplingParams(temperature=gen.temperature, top_p=gen.top_p, max_tokens=gen.max_tokens,
-                                     seed=cfg.seed if gen.temperature > 0 else None)
+        self.book = persona_book(cfg)
+        self.params = self.book.params   # the judge reads with the sampling it induces with
         self.rm = None
         if cfg.scalar_rm is not None:
             from pr_rlhf.reward.scalar import ScalarRM
 
             self.rm = ScalarRM(cfg.scalar_rm, device=cfg.scalar_rm.device, dtype=cfg.scalar_rm.dtype)
-        self.personas: dict[str, Any] = {}
-
-    def persona(self, user_id: str, history: list[dict]) -> Any:
-        import hashlib
-        import json
-
-        from pr_rlhf.reward.persona import Choice, synthesize
-
-        pairs = history[-self.cfg.history_pairs:]
-        key = user_id + hashlib.sha256(json.dumps(pairs, sort_keys=True).encode()).hexdigest()
-        if key not in self.personas:
-            choices = [Choice(f"{user_id}:{i}", str(h.get("question", "")), str(h.get("chosen", "")),
-                              str(h.get("rejected", ""))) for i, h in enumerate(pairs)]
-            self.personas[key] = synthesize(self.engine, choices, self.params, seed=self.cfg.seed,
-                                            candidates=self.cfg.candidates, validation=self.cfg.validation_pairs)
-        return self.personas[key]
-
     @property
     def compares_with_reference(self) -> bool:
         return self.cfg.compares_with_reference
@@ -496,16 +478,14 @@ class PersonaScorer(Scorer):
 
         from pr_rlhf.reward.inputs import stated_block
 
-        inputs = []
-        for r in requests:
-            inp = request_input(r)
-            inputs.append(replace(inp, stated_preferences=self.persona(r.user_id, list(inp.history)).text))
+        inputs = [request_input(r) for r in requests]
+        self.book.fill(self.engine, [(inp.user_id, inp.history) for inp in inputs])   # all missing users: one batch
+        inputs = [replace(inp, stated_preferences=self.book.persona(inp.user_id, inp.history).text) for inp in inputs]
         if self.cfg.compares_with_reference:
             return judged_against_reference(self.engine, self.params, inputs, self.cfg.verdict_readout,
                                             blocks=[stated_block(inp) for inp in inputs])
-        if self.rm is not None:   # the persona before the question, as a profile block would be
-            ids = [self.rm.encoder.encode_text(f"{stated_block(inp)}\n\n{inp.question}".strip(), inp.chosen)
-                   for inp in inputs]
+        if self.rm is not None:   # the persona in the user block, as a BT RM trained in input mode 'persona' reads it
+            ids = [self.rm.encode_input(inp, inp.chosen, "persona", 1) for inp in inputs]
             return [Evaluation((s,)) for s in self.rm.score_ids(ids)]
         from pr_rlhf.prompts import chat
         from pr_rlhf.reward.inputs import conversation_block
@@ -525,6 +505,19 @@ class PersonaScorer(Scorer):
     def close(self) -> None:
         if self._own:
             self.engine.close()
+
+
+def persona_book(cfg: RewardConfig) -> Any:
+    """The persona kind's :class:`~pr_rlhf.reward.persona.PersonaBook` (its file: ``cfg.personas``): the one
+    place the induction's settings are read, for the scorer and for a BT RM trained on personas alike."""
+    from pr_rlhf.models.base import SamplingParams
+    from pr_rlhf.reward.persona import PersonaBook
+
+    gen = cfg.generation
+    params = SamplingParams(temperature=gen.temperature, top_p=gen.top_p, max_tokens=gen.max_tokens,
+                            seed=cfg.seed if gen.temperature > 0 else None)
+    return PersonaBook(params, history_pairs=cfg.history_pairs, candidates=cfg.candidates,
+                       validation=cfg.validation_pairs, seed=cfg.seed, path=cfg.personas)
 
 
 def build_scaled_judge(cfg: RewardConfig, engine: Any) -> Any:

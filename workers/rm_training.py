@@ -1,8 +1,8 @@
 """`pr-rlhf train-rm`: Bradley-Terry scalar reward models on the learner ranks, one per input mode, each exported
 as an HF model folder and evaluated on held-out pairs, then the per-mode report.
 
-For each mode (none / profile / plan / history): the seen users' training pairs encoded as the scalar RM reads them
-(``pr_rlhf.rm.data``), ``steps`` Bradley-Terry updates on a ``LearnerGroup`` with ``trains: reward_model``
+For each mode (none / profile / plan / history / persona): the seen users' training pairs encoded as the scalar RM
+reads them (``pr_rlhf.rm.data``), ``steps`` Bradley-Terry updates on a ``LearnerGroup`` with ``trains: reward_model``
 (FSDP2 ranks or one plain module) under the supervised stage's learning-rate schedule, checkpoints every
 ``checkpoint_every`` steps (a rerun resumes; a finished mode is skipped), the model exported to ``<out>/<mode>/model``
 (the ``scalar`` reward kind, ``pr-rlhf eval`` and the reward service load it by path), then `pr-rlhf eval`'s
@@ -47,6 +47,35 @@ def plan_inputs(cfg: RMTrainConfig, inputs: list[RMInput], cache: Path, seed: in
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps({inp.pair_id: inp.plan for inp in planned}))
     return planned
+
+
+def persona_inputs(cfg: RMTrainConfig, inputs: list[RMInput], book_path: Path) -> list[RMInput]:
+    """Every training pair with its user's SynthesizeMe persona as stated preferences, induced from the user's
+    history pairs (the shards' histories table) once per run, every user in one batch, and kept in the persona book
+    at ``book_path`` that the ``persona`` reward kind reads when it scores the RM."""
+    from dataclasses import replace
+
+    from pr_rlhf.reward.inputs import history_rows_by_user, history_triple
+    from pr_rlhf.scorers import persona_book
+    from pr_rlhf.shards import ShardReader
+
+    reader = ShardReader(cfg.shards)
+    rows = history_rows_by_user(reader.iter_rows("histories"), reader.iter_rows("pairs", "train"))
+    histories = {(inp.user_id, inp.subset): [history_triple(p) for p in rows.get((inp.user_id, inp.subset), [])]
+                 for inp in inputs}
+    book = persona_book(cfg.persona.model_copy(update={"personas": str(book_path)}))
+    by_user = [(user, history) for (user, _), history in histories.items()]
+    if book.lacks(by_user):
+        from pr_rlhf.models import make_engine
+
+        engine = make_engine(cfg.persona.judge)
+        try:
+            book.fill(engine, by_user)
+        finally:
+            engine.close()
+        book.save()
+    return [replace(inp, stated_preferences=book.persona(inp.user_id, histories[inp.user_id, inp.subset]).text)
+            for inp in inputs]
 
 
 def eval_recipe(recipe: Recipe, mode: str, model_dir: Path, out: Path) -> Recipe:
@@ -95,7 +124,8 @@ class RMTrainer:
             return model_dir
         data = training_pairs(cfg.shards, cfg.train_split, cfg.history_pairs(mode))
         inputs = plan_inputs(cfg, data.inputs, self.out / "plans_train.json", self.recipe.seed) \
-            if mode == "plan" else data.inputs
+            if mode == "plan" else persona_inputs(cfg, data.inputs, mdir / "personas.json") \
+            if mode == "persona" else data.inputs
         backbone = resolve_model(cfg.model)
         chosen, rejected = encode_pairs(ScalarRMEncoder.for_model(backbone, cfg.max_length), inputs, mode,
                                         cfg.top_k_profile)

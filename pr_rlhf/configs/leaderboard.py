@@ -154,9 +154,9 @@ class LeaderboardConfig(StrictModel):
                 reward_config(**row.reward)
             except ValueError as exc:
                 raise ValueError(f"models.{name}.reward: {exc}") from None
-        if self.bt_rm is not None and set(self.bt_rm.input_modes) - {"none", "history", "profile"}:
+        if self.bt_rm is not None and set(self.bt_rm.input_modes) - {"none", "history", "profile", "persona"}:
             raise ValueError(f"bt_rm.input_modes {self.bt_rm.input_modes}: the leaderboard's pairs carry the user's "
-                             "history and retrieved posts, not plans (modes none, history, profile)")
+                             "history and retrieved posts, not plans (modes none, history, profile, persona)")
         clash = sorted(set(self.models) & (set(self.methods) | set(self.reuse) | set(self.bt_rows())))
         if clash:
             raise ValueError(f"models: {clash} name rows the methods, reuse or bt_rm already have")

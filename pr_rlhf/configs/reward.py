@@ -306,8 +306,12 @@ class PersonaRewardConfig(RewardBase):
                                                  "choices best is kept")
     validation_pairs: int = Field(2, ge=1, description="the user's latest history pairs held out to pick the persona")
     history_pairs: int = Field(8, ge=2, description="the most history pairs of a request the persona is built from")
-    scalar_rm: ScalarRMConfig | None = Field(None, description="read the persona with this scalar RM instead of the "
-                                                               "judge")
+    personas: str | None = Field(None, description="a persona book (JSON, pr_rlhf.reward.persona.PersonaBook) read "
+                                                   "before inducing: e.g. the personas a BT RM was trained with; "
+                                                   "personas induced while scoring are not written back")
+    scalar_rm: ScalarRMConfig | None = Field(None, description="read the persona with this scalar RM (in input mode "
+                                                               "'persona', as `pr-rlhf train-rm` trains one) "
+                                                               "instead of the judge")
     reader: Literal["pointwise", "pairwise"] = Field(
         "pointwise", description="how the judge reads the persona: its 1-10 rating of the response, or the pairwise "
                                  "judge on (response in slot A, meta['reference'] in slot B) as genrm_mode "

@@ -2,8 +2,9 @@
 recipe.
 
 Pydantic only (no torch, no Ray). One scalar RM is trained per input mode (what it sees about the user: nothing,
-the top-k profile posts, the planner's rubric, or the user's preference history) on the seen users' training
-pairs, on the learner ranks, then evaluated by ``pr-rlhf eval``'s pointwise cell on held-out pairs.
+the top-k profile posts, the planner's rubric, the user's preference history, or a SynthesizeMe persona induced
+from that history) on the seen users' training pairs, on the learner ranks, then evaluated by ``pr-rlhf eval``'s
+pointwise cell on held-out pairs (mode 'persona': by the leaderboard, through the ``persona`` reward kind).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from pr_rlhf.configs.base import EngineConfig, GenerationConfig, StrictModel
 from pr_rlhf.configs.learner import LearnerConfig
 from pr_rlhf.configs.pgenrm import SFTStageConfig
+from pr_rlhf.configs.reward import PersonaRewardConfig
 from pr_rlhf.configs.world import WorldConfig
 
 
@@ -46,10 +48,11 @@ class RMTrainConfig(SFTStageConfig):
     seed: int = 0
     model: str = Field("tiny", description="backbone: 'tiny' (built from a config), 'smollm2', or any local HF "
                                            "decoder directory; a fresh scalar head is put on it")
-    input_modes: list[Literal["none", "profile", "plan", "history"]] = Field(
+    input_modes: list[Literal["none", "profile", "plan", "history", "persona"]] = Field(
         default_factory=lambda: ["none", "profile"], description="one RM per mode: w/o profile, w/ the top-k "
                                                                  "retrieved posts, w/ the planner's rubric, w/ the "
-                                                                 "user's first top-k other history pairs")
+                                                                 "user's first top-k other history pairs, w/ the "
+                                                                 "user's SynthesizeMe persona")
     top_k_profile: int = Field(10, ge=1, description="posts shown in mode 'profile', history pairs in 'history'")
     max_length: int = Field(1024, ge=16, description="tokens per (user block + question, answer); the user "
                                                      "block is cut first (pr_rlhf.reward.scalar)")
@@ -68,6 +71,11 @@ class RMTrainConfig(SFTStageConfig):
     planner_max_aspects: int = Field(8, ge=1)
     planner_generation: GenerationConfig = Field(default_factory=GenerationConfig, description="the planner's "
                                                  "sampling, for the training rubrics and the evaluation's alike")
+    persona: PersonaRewardConfig | None = Field(
+        None, description="mode 'persona': how each seen user's persona is induced from their history pairs (the "
+                          "persona reward kind's judge, generation, candidates, validation_pairs, history_pairs; "
+                          "the personas are kept in <out>/persona/personas.json and the RM is scored by this kind "
+                          "reading them)")
     learner: LearnerConfig = Field(default_factory=_rm_learner)
     eval: RMEvalConfig = Field(default_factory=RMEvalConfig)
 
@@ -89,6 +97,9 @@ class RMTrainConfig(SFTStageConfig):
             raise ValueError("rm.learner.trains must be 'reward_model' (or left unset)")
         if "plan" in self.input_modes and self.planner is None:
             raise ValueError("input mode 'plan' needs a planner engine (rm.planner)")
+        if "persona" in self.input_modes and (self.persona is None or self.persona.scalar_rm is not None):
+            raise ValueError("input mode 'persona' needs the persona's induction (rm.persona: a persona reward "
+                             "config without scalar_rm: the trained RM becomes its reader)")
         if len(set(self.input_modes)) != len(self.input_modes):
             raise ValueError(f"rm.input_modes lists a mode twice: {self.input_modes}")
         return self

@@ -4,7 +4,9 @@
 the evaluation's ground truth. The input modes of docs/protocols.md section 2 map to :func:`user_block`:
 ``"none"`` shows nothing about the user, ``"profile"`` the top-k retrieved posts (rendered by
 :func:`render_profile`), ``"plan"`` the planner's aspects as a numbered list, ``"history"`` the user's earlier
-choices (their history pairs: the judge "+ preference history" of SynthesizeMe's and P-GenRM's tables).
+choices (their history pairs: the judge "+ preference history" of SynthesizeMe's and P-GenRM's tables),
+``"persona"`` the stated preferences the input carries (a SynthesizeMe persona put there by
+:class:`~pr_rlhf.reward.persona.PersonaBook`: SynthesizeMe's "FT RM + persona").
 """
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ from typing import Any, Literal
 
 from pr_rlhf.prompts import fragment
 
-InputMode = Literal["none", "profile", "plan", "history"]
-INPUT_MODES: tuple[str, ...] = ("none", "profile", "plan", "history")
+InputMode = Literal["none", "profile", "plan", "history", "persona"]
+INPUT_MODES: tuple[str, ...] = ("none", "profile", "plan", "history", "persona")
 
 
 @dataclass
@@ -115,8 +117,8 @@ def rm_input(pair: Any, history: Iterable[Any] = (), stated_preferences: str = "
 # ----------------------------------------------------------------------------------------------------------------
 
 def user_block(inp: RMInput, mode: InputMode, top_k: int) -> str:
-    """What the RM sees about the user: nothing, the top-k posts, the planner's aspects, or the user's first top-k
-    history pairs.
+    """What the RM sees about the user: nothing, the top-k posts, the planner's aspects, the user's first top-k
+    history pairs, or their persona.
 
     Mode ``"plan"`` needs the planner to have run (``inp.plan`` not None); an empty plan shows nothing.
     """
@@ -131,6 +133,8 @@ def user_block(inp: RMInput, mode: InputMode, top_k: int) -> str:
         return plan_block(inp.plan)
     if mode == "history":
         return history_block(inp, top_k)
+    if mode == "persona":
+        return stated_block(inp)
     raise ValueError(f"unknown input mode {mode!r}; expected one of {INPUT_MODES}")
 
 

@@ -76,7 +76,7 @@ def test_the_persona_kind_reads_the_persona_as_the_users_stated_preferences():
                 for i, answer in enumerate(["short answer 9", "a long and winding answer 9"])]
     scores = [s for s, _ in scorer.score(requests)]
     assert scores == [9.0, 3.0]
-    assert scorer.personas and next(iter(scorer.personas.values())).text == "Wants brief answers."
+    assert scorer.book.personas and next(iter(scorer.book.personas.values())).text == "Wants brief answers."
     rating = [p for p in engine.prompts if "How well does this answer suit" in p][0]
     assert "Wants brief answers." in rating
 
