@@ -198,6 +198,10 @@ def run_train_rm(recipe: Recipe, address: str | None = None, *, on_step: StepCal
     cfg = recipe.rm
     if cfg is None:
         raise ValueError("the recipe has no rm: section")
+    if "persona" in cfg.input_modes:
+        raise ValueError("rm.input_modes: 'persona' is trained and scored by `pr-rlhf leaderboard` "
+                         "(leaderboard.bt_rm.input_modes); `pr-rlhf train-rm` evaluates through `pr-rlhf eval`, "
+                         "which induces no personas")
     start_driver(address, cpus_needed(rm_groups(cfg, 0.0)), shards=cfg.shards, world=cfg.world, log=log)
     check_resources(recipe, "train-rm", log=log)
     results = RMTrainer(recipe, on_step=on_step, log=log).run()

@@ -261,10 +261,6 @@ class Recipe(StrictModel):
             if getattr(self, name) is not None:
                 declared[name] = Declared(getattr(self, name), name, strict=True)
         fill_children(self, declared)
-        if self.rm is not None and "persona" in self.rm.input_modes:
-            raise ValueError("rm.input_modes: 'persona' is trained and scored by `pr-rlhf leaderboard` "
-                             "(leaderboard.bt_rm.input_modes); `pr-rlhf train-rm` evaluates through `pr-rlhf eval`, "
-                             "which induces no personas")
         return self
 
 

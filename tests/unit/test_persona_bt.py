@@ -130,8 +130,10 @@ def test_persona_mode_needs_its_induction_and_train_rm_refuses_it():
 
     from pr_rlhf.configs.recipe import Recipe
     from pr_rlhf.configs.rm import RMTrainConfig
+    from workers.rm_training import run_train_rm
 
     with pytest.raises(ValidationError, match="rm.persona"):
         RMTrainConfig(input_modes=["persona"])
-    with pytest.raises(ValidationError, match="leaderboard.bt_rm.input_modes"):
-        Recipe(name="x", rm={"input_modes": ["none", "persona"], "persona": {}})
+    recipe = Recipe(name="x", rm={"input_modes": ["none", "persona"], "persona": {}})   # the leaderboard's trainer
+    with pytest.raises(ValueError, match="leaderboard.bt_rm.input_modes"):
+        run_train_rm(recipe)   # before Ray starts
