@@ -49,10 +49,12 @@ def plan_inputs(cfg: RMTrainConfig, inputs: list[RMInput], cache: Path, seed: in
     return planned
 
 
-def persona_inputs(cfg: RMTrainConfig, inputs: list[RMInput], book_path: Path) -> list[RMInput]:
+def persona_inputs(cfg: RMTrainConfig, inputs: list[RMInput], book_path: Path,
+                   log: Callable[[str], None] = print) -> list[RMInput]:
     """Every training pair with its user's SynthesizeMe persona as stated preferences, induced from the user's
     history pairs (the shards' histories table) once per run, every user in one batch, and kept in the persona book
-    at ``book_path`` that the ``persona`` reward kind reads when it scores the RM."""
+    at ``book_path`` that the ``persona`` reward kind reads when it scores the RM. Says how many users got no
+    persona and how many of the engine's guesses could not be read."""
     from dataclasses import replace
 
     from pr_rlhf.reward.inputs import history_rows_by_user, history_triple
@@ -74,6 +76,10 @@ def persona_inputs(cfg: RMTrainConfig, inputs: list[RMInput], book_path: Path) -
         finally:
             engine.close()
         book.save()
+    personas = [book.persona(user, history) for user, history in by_user]
+    log(f"persona: {len(personas)} seen users, {sum(not p.text for p in personas)} without a persona (no trace "
+        f"predicted their label, or too few pairs); {sum(p.unparsed for p in personas)} of "
+        f"{sum(p.traces for p in personas)} guesses unreadable, {sum(p.traces_kept for p in personas)} traces kept")
     return [replace(inp, stated_preferences=book.persona(inp.user_id, histories[inp.user_id, inp.subset]).text)
             for inp in inputs]
 
@@ -124,7 +130,7 @@ class RMTrainer:
             return model_dir
         data = training_pairs(cfg.shards, cfg.train_split, cfg.history_pairs(mode))
         inputs = plan_inputs(cfg, data.inputs, self.out / "plans_train.json", self.recipe.seed) \
-            if mode == "plan" else persona_inputs(cfg, data.inputs, mdir / "personas.json") \
+            if mode == "plan" else persona_inputs(cfg, data.inputs, mdir / "personas.json", self.log) \
             if mode == "persona" else data.inputs
         backbone = resolve_model(cfg.model)
         chosen, rejected = encode_pairs(ScalarRMEncoder.for_model(backbone, cfg.max_length), inputs, mode,

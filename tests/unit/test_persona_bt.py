@@ -94,7 +94,10 @@ def test_the_trainer_puts_each_users_persona_on_their_pairs_under_the_evaluation
     cfg = RMTrainConfig(shards=str(tmp_path / "s"), input_modes=["persona"], persona=persona)
     data = training_pairs(cfg.shards, cfg.train_split)
     book_path = tmp_path / "persona" / "personas.json"
-    inputs = rm_training.persona_inputs(cfg, data.inputs, book_path)
+    said: list[str] = []
+    inputs = rm_training.persona_inputs(cfg, data.inputs, book_path, said.append)
+    assert len(said) == 1 and said[0].startswith(f"persona: {data.users} seen users, 0 without a persona")
+    assert f"0 of {2 * data.users} guesses unreadable" in said[0]
     assert len(engines) == 1 and engines[0].calls == 3 and engines[0].closed and book_path.is_file()
     assert len(inputs) == len(data.inputs) and all(inp.stated_preferences for inp in inputs)
     assert len({inp.stated_preferences for inp in inputs}) == data.users   # one persona a user
@@ -104,7 +107,8 @@ def test_the_trainer_puts_each_users_persona_on_their_pairs_under_the_evaluation
     assert seen and not scoring.lacks([(it.user_id, it.history) for it in seen])
     by_user = {inp.user_id: inp.stated_preferences for inp in inputs}
     assert all(scoring.persona(it.user_id, it.history).text == by_user[it.user_id] for it in seen)
-    assert rm_training.persona_inputs(cfg, data.inputs, book_path) == inputs and len(engines) == 1   # read back
+    assert rm_training.persona_inputs(cfg, data.inputs, book_path, said.append) == inputs   # read back ...
+    assert len(engines) == 1   # ... without an engine
 
 
 def test_the_persona_kind_reads_with_a_scalar_rm_as_the_trainer_encodes():
