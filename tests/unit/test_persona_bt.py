@@ -141,3 +141,16 @@ def test_persona_mode_needs_its_induction_and_train_rm_refuses_it():
     recipe = Recipe(name="x", rm={"input_modes": ["none", "persona"], "persona": {}})   # the leaderboard's trainer
     with pytest.raises(ValueError, match="leaderboard.bt_rm.input_modes"):
         run_train_rm(recipe)   # before Ray starts
+
+
+def test_the_leaderboard_scores_bt_persona_with_the_book_the_trainer_wrote_beside_its_model():
+    from pr_rlhf.actors import leaderboard_bt_reward
+    from pr_rlhf.configs.leaderboard import LeaderboardConfig
+
+    cfg = LeaderboardConfig(bt_rm={"input_modes": ["none", "persona"], "persona": {"candidates": 2}})
+    reward = leaderboard_bt_reward(cfg, "persona", "runs/lb/w2/bt_rm/persona/model")
+    assert reward.kind == "persona" and reward.candidates == 2 and reward.reader == "pointwise"
+    # workers.rm_training.RMTrainer.train writes <out>/persona/personas.json beside <out>/persona/model
+    assert reward.personas == "runs/lb/w2/bt_rm/persona/personas.json"
+    assert reward.scalar_rm.model == "runs/lb/w2/bt_rm/persona/model" and reward.pool == cfg.pool
+    assert leaderboard_bt_reward(cfg, "none", "m").kind == "scalar"
