@@ -457,11 +457,9 @@ class PersonaScorer(Scorer):
     pairwise judge against the reference), or by a scalar RM's user block (input mode 'persona')."""
 
     def __init__(self, cfg: RewardConfig, engine: Any = None):
-        from pr_rlhf.models import make_engine
-
         self.cfg = cfg
         self._own = engine is None
-        self.engine = make_engine(cfg.judge) if engine is None else engine
+        self._engine = engine
         self.book = persona_book(cfg)
         self.params = self.book.params   # the judge reads with the sampling it induces with
         self.rm = None
@@ -469,6 +467,19 @@ class PersonaScorer(Scorer):
             from pr_rlhf.reward.scalar import ScalarRM
 
             self.rm = ScalarRM(cfg.scalar_rm, device=cfg.scalar_rm.device, dtype=cfg.scalar_rm.dtype)
+        else:
+            self.engine   # the judge reads every request: started now, not on the first one
+
+    @property
+    def engine(self) -> Any:
+        """The judge's engine, started when first needed: a scalar RM reading a persona book needs none unless a
+        user is missing from the book."""
+        if self._engine is None:
+            from pr_rlhf.models import make_engine
+
+            self._engine = make_engine(self.cfg.judge)
+        return self._engine
+
     @property
     def compares_with_reference(self) -> bool:
         return self.cfg.compares_with_reference
@@ -479,7 +490,9 @@ class PersonaScorer(Scorer):
         from pr_rlhf.reward.inputs import stated_block
 
         inputs = [request_input(r) for r in requests]
-        self.book.fill(self.engine, [(inp.user_id, inp.history) for inp in inputs])   # all missing users: one batch
+        asked = [(inp.user_id, inp.history) for inp in inputs]
+        if self.book.lacks(asked):
+            self.book.fill(self.engine, asked)   # every missing user: one batch
         inputs = [replace(inp, stated_preferences=self.book.persona(inp.user_id, inp.history).text) for inp in inputs]
         if self.cfg.compares_with_reference:
             return judged_against_reference(self.engine, self.params, inputs, self.cfg.verdict_readout,
@@ -503,8 +516,8 @@ class PersonaScorer(Scorer):
         return out
 
     def close(self) -> None:
-        if self._own:
-            self.engine.close()
+        if self._own and self._engine is not None:
+            self._engine.close()
 
 
 def persona_book(cfg: RewardConfig) -> Any:

@@ -159,12 +159,15 @@ class PersonaBook:
         pairs = [{k: str(h.get(k, "")) for k in ("question", "chosen", "rejected")} for h in self._pairs(history)]
         return f"{user_id}:" + hashlib.sha256(json.dumps(pairs, sort_keys=True).encode()).hexdigest()
 
+    def _too_few(self, pairs: Sequence[Any]) -> bool:
+        return len(pairs) < self.validation + 1
+
     def _missing(self, histories: Iterable[tuple[str, Sequence[Mapping[str, Any]]]]) -> dict[str, tuple[str, list]]:
         keyed = {self.key(user, history): (user, self._pairs(history)) for user, history in histories}
-        return {key: value for key, value in keyed.items() if key not in self.personas}
+        return {key: value for key, value in keyed.items() if key not in self.personas and not self._too_few(value[1])}
 
     def lacks(self, histories: Iterable[tuple[str, Sequence[Mapping[str, Any]]]]) -> bool:
-        """Whether a (user, history) has no persona in the book yet."""
+        """Whether a (user, history) still needs the engine: enough pairs for a persona, none in the book yet."""
         return bool(self._missing(histories))
 
     def fill(self, engine: Engine, histories: Iterable[tuple[str, Sequence[Mapping[str, Any]]]]) -> int:
@@ -179,7 +182,10 @@ class PersonaBook:
         return len(missing)
 
     def persona(self, user_id: str, history: Sequence[Mapping[str, Any]]) -> Persona:
-        """The user's persona (KeyError when :meth:`fill` has not induced it)."""
+        """The user's persona: none from too few pairs, else the book's (KeyError when :meth:`fill` has not induced
+        it)."""
+        if self._too_few(self._pairs(history)):
+            return Persona("")
         return self.personas[self.key(user_id, history)]
 
     def save(self) -> Path:

@@ -154,3 +154,27 @@ def test_the_leaderboard_scores_bt_persona_with_the_book_the_trainer_wrote_besid
     assert reward.personas == "runs/lb/w2/bt_rm/persona/personas.json"
     assert reward.scalar_rm.model == "runs/lb/w2/bt_rm/persona/model" and reward.pool == cfg.pool
     assert leaderboard_bt_reward(cfg, "none", "m").kind == "scalar"
+
+
+def test_a_scalar_rm_reading_a_full_book_starts_no_engine(tmp_path, monkeypatch):
+    """bt_persona's scoring: seen users' personas come from the book, a cold-start user's one pair is too few for
+    any, so the judge's engine (a vLLM start in every reward worker) is never started."""
+    from pr_rlhf.scorers import PersonaScorer, RewardRequest, persona_book
+
+    def no_engine(_cfg):
+        raise AssertionError("an engine was started")
+
+    history = [{"question": c.question, "chosen": c.chosen, "rejected": c.rejected} for c in CHOICES]
+    cfg = reward_config(kind="persona", candidates=1, personas=str(tmp_path / "book.json"),
+                        scalar_rm={"model": "tiny", "max_length": 256})
+    book = persona_book(cfg)
+    book.fill(Oracle({"c0", "c1", "c2", "c3"}, ["Wants brief answers."]), [("u1", history)])
+    book.save()
+    monkeypatch.setattr("pr_rlhf.models.make_engine", no_engine)
+    scorer = PersonaScorer(cfg)
+    requests = [RewardRequest("r0", "u1", "question 9", "short answer 9", {"history": history}),
+                RewardRequest("r1", "u9", "question 9", "short answer 9", {"history": history[:1]})]
+    assert all(score is not None for score, _ in scorer.score(requests))
+    scorer.close()
+    with pytest.raises(AssertionError, match="an engine was started"):   # a seen user the book lacks needs one
+        scorer.score([RewardRequest("r2", "u2", "question 9", "short answer 9", {"history": history})])
