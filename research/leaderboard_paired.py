@@ -4,7 +4,8 @@ judges' users) -> ``judges.json``; the fine-tuned BT RM with history against wit
 BT RM with history (addendum 18-23, predictions 19 and 21) -> ``bt_rms.json``; the judge reading a SynthesizeMe
 persona against the judge without user information and with the preference history (addendum 24-27, predictions 24
 and 25; on the persona's users) -> ``persona.json``; the BT RM reading retrieved posts against without and against
-the one reading history (addendum 40-43) -> ``bt_rms.json``; the judge + history given 8 of a cold-start user's
+the one reading history (addendum 40-43) and the BT RM reading a SynthesizeMe persona against without, with history
+and with posts (addendum 44-47) -> ``bt_rms.json``; the judge + history given 8 of a cold-start user's
 pairs against none and against PAL given the same 8 (addendum 36-39, on the judge's users) -> ``few_shot_judge.json``.
 Each per world and pooled over the reported worlds, on the development world apart, and on DSP (addendum 32-35),
 where the rows were scored there; 95% CIs resample users (queries on DSP). Reads the committed per-pair outcomes
@@ -25,7 +26,8 @@ RESULTS = ROOT / "docs" / "results" / "leaderboard"
 # file -> (new row, old row) pairs, each compared on the pairs both scored
 COMPARISONS = {"judges.json": [("judge_history", "judge")],
                "bt_rms.json": [("bt_history", "bt_none"), ("pal", "bt_history"), ("lore", "bt_history"),
-                               ("bt_profile", "bt_none"), ("bt_profile", "bt_history")],
+                               ("bt_profile", "bt_none"), ("bt_profile", "bt_history"), ("bt_persona", "bt_none"),
+                               ("bt_persona", "bt_history"), ("bt_persona", "bt_profile")],
                "persona.json": [("persona", "judge"), ("persona", "judge_history")],
                "few_shot_judge.json": [("judge_history@8", "judge_history@0"), ("judge_history@8", "pal@8")]}
 # the few-shot curve's arms (``<row>@<k>``, cold-start users only) are in each world's few_shot_outcomes.json

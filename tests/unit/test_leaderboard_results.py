@@ -77,9 +77,10 @@ def test_the_committed_bt_rm_comparisons_are_their_committed_outcomes():
 
     again = load_script("research/leaderboard_paired.py", "leaderboard_paired").comparisons("bt_rms.json")
     assert again == committed("bt_rms.json")
-    assert [(c["new"], c["old"]) for c in again["comparisons"]] == [("bt_history", "bt_none"), ("pal", "bt_history"),
-                                                                    ("lore", "bt_history"), ("bt_profile", "bt_none"),
-                                                                    ("bt_profile", "bt_history")]
+    assert [(c["new"], c["old"]) for c in again["comparisons"]] == [
+        ("bt_history", "bt_none"), ("pal", "bt_history"), ("lore", "bt_history"), ("bt_profile", "bt_none"),
+        ("bt_profile", "bt_history"), ("bt_persona", "bt_none"), ("bt_persona", "bt_history"),
+        ("bt_persona", "bt_profile")]
     (dsp,) = again["comparisons"][0]["dsp"]["analysis"]["bt_history - bt_none (seen)"]["worlds"]
     assert dsp["pairs"] == 4316, dsp   # on DSP every pair (addendum 28-31)
     for entry in again["comparisons"][0]["reported"]["analysis"].values():   # every user of every reported world
