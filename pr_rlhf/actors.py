@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal
 
 from pr_rlhf.configs.base import EngineBase, ScalarRMConfig, engine_config
@@ -333,6 +334,12 @@ def with_world(value: Any, world: int | None) -> Any:
     return value
 
 
+def persona_book_beside(model_dir: str | Path) -> str:
+    """Where a BT RM trained in input mode 'persona' keeps the personas it was trained with: beside its model
+    folder (``workers.rm_training.RMTrainer`` writes it, the ``persona`` kind scoring the RM reads it)."""
+    return str(Path(model_dir).parent / "personas.json")
+
+
 def leaderboard_bt_reward(cfg: LeaderboardConfig, mode: str, model_dir: str = "<world>/bt_rm/<mode>/model"
                           ) -> RewardBase:
     """The reward a fine-tuned BT RM of the leaderboard (``bt_rm``) is scored with: the scalar RM trained in input
@@ -343,7 +350,7 @@ def leaderboard_bt_reward(cfg: LeaderboardConfig, mode: str, model_dir: str = "<
     scalar_rm = rm_eval_scalar_rm(bt).model_copy(update={"model": model_dir}).model_dump()
     if mode == "persona":
         return reward_config(**{**bt.persona.model_dump(), "pool": cfg.pool.model_dump(), "scalar_rm": scalar_rm,
-                                "personas": f"{model_dir.rsplit('/', 1)[0]}/personas.json"})
+                                "personas": persona_book_beside(model_dir)})
     return reward_config(kind="scalar", input_mode=mode, top_k_profile=bt.top_k_profile, pool=cfg.pool.model_dump(),
                          scalar_rm=scalar_rm)
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pr_rlhf.actors import cpus_needed, rm_eval_scalar_rm, rm_eval_task, rm_groups
+from pr_rlhf.actors import cpus_needed, persona_book_beside, rm_eval_scalar_rm, rm_eval_task, rm_groups
 from pr_rlhf.configs.recipe import EvalConfig, Recipe, dump_recipe
 from pr_rlhf.configs.rm import RMTrainConfig
 from pr_rlhf.files import is_complete, mark_complete
@@ -76,12 +76,12 @@ def persona_inputs(cfg: RMTrainConfig, inputs: list[RMInput], book_path: Path,
         finally:
             engine.close()
         book.save()
-    personas = [book.persona(user, history) for user, history in by_user]
-    log(f"persona: {len(personas)} seen users, {sum(not p.text for p in personas)} without a persona (no trace "
-        f"predicted their label, or too few pairs); {sum(p.unparsed for p in personas)} of "
-        f"{sum(p.traces for p in personas)} guesses unreadable, {sum(p.traces_kept for p in personas)} traces kept")
-    return [replace(inp, stated_preferences=book.persona(inp.user_id, histories[inp.user_id, inp.subset]).text)
-            for inp in inputs]
+    personas = {(user, subset): book.persona(user, history) for (user, subset), history in histories.items()}
+    shown = list(personas.values())
+    log(f"persona: {len(shown)} seen users, {sum(not p.text for p in shown)} without a persona (no trace "
+        f"predicted their label, or too few pairs); {sum(p.unparsed for p in shown)} of "
+        f"{sum(p.traces for p in shown)} guesses unreadable, {sum(p.traces_kept for p in shown)} traces kept")
+    return [replace(inp, stated_preferences=personas[inp.user_id, inp.subset].text) for inp in inputs]
 
 
 def eval_recipe(recipe: Recipe, mode: str, model_dir: Path, out: Path) -> Recipe:
@@ -130,7 +130,7 @@ class RMTrainer:
             return model_dir
         data = training_pairs(cfg.shards, cfg.train_split, cfg.history_pairs(mode))
         inputs = plan_inputs(cfg, data.inputs, self.out / "plans_train.json", self.recipe.seed) \
-            if mode == "plan" else persona_inputs(cfg, data.inputs, mdir / "personas.json", self.log) \
+            if mode == "plan" else persona_inputs(cfg, data.inputs, Path(persona_book_beside(model_dir)), self.log) \
             if mode == "persona" else data.inputs
         backbone = resolve_model(cfg.model)
         chosen, rejected = encode_pairs(ScalarRMEncoder.for_model(backbone, cfg.max_length), inputs, mode,
